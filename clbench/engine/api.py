@@ -1,0 +1,91 @@
+"""The method contract: what a training method plugin receives for a stage and what it returns.
+
+A method is a class registered in the `clbench.methods` entry-point group. It has a documented
+pydantic config (`Config`), trains the model in place on one stage under the stage's budget, and
+returns a :class:`StageReport`. The protocol owns everything around it (loading, evaluation,
+checkpoints), so methods differ only in their objective and teacher.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # heavy imports only for type checkers
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from clbench.specs import Budget
+    from clbench.tasks.base import Example, TaskSource
+
+
+class MethodConfig(BaseModel):
+    """Base of every method's config. Fields must carry descriptions (they are the CLI help)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+@dataclass
+class StageContext:
+    """Everything a method needs to train one stage."""
+
+    model: PreTrainedModel                 # the student, trained in place
+    tokenizer: PreTrainedTokenizerBase
+    task: TaskSource                       # grader and answer/CoT split of the stage's task
+    train_examples: list[Example]          # the stage's training items, in data order
+    budget: Budget
+    stage_index: int                       # 1-based position in the stream
+    stage_name: str
+    seed: int                              # run seed (already mixed with the stage index)
+    device: torch.device
+    work_dir: Path                         # scratch space for this stage inside the run dir
+    log_step: Callable[[dict[str, Any]], None] = lambda record: None  # per-step metrics sink
+
+
+@dataclass
+class StageReport:
+    """What a method reports after a stage. Every method fills the counters and timings."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)   # one record per optimizer step
+    counters: dict[str, int] = field(default_factory=dict)      # generated/trained/teacher tokens
+    wall_time: dict[str, float] = field(default_factory=dict)   # seconds per phase
+    extra: dict[str, Any] = field(default_factory=dict)         # method-specific summaries
+
+    def summary(self) -> dict[str, float]:
+        """Mean of every numeric per-step field over the stage."""
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for rec in self.steps:
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                    counts[k] = counts.get(k, 0) + 1
+        return {k: sums[k] / counts[k] for k in sums}
+
+
+class Method(ABC):
+    """A training method plugin."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
+
+    def __init__(self, config: MethodConfig | dict[str, Any] | None = None) -> None:
+        if not isinstance(config, MethodConfig):
+            config = self.Config.model_validate(config or {})
+        self.config = config
+
+    @abstractmethod
+    def train_stage(self, ctx: StageContext) -> StageReport:
+        """Train `ctx.model` in place on one stage and report what happened."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State kept across stages (e.g. a teacher that outlives a stage); empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (used when resuming a run)."""

@@ -1,0 +1,1 @@
+"""Pure metric functions: continual (accuracy matrix), drift, artifacts."""

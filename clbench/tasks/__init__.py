@@ -1,0 +1,1 @@
+"""Task sources and graders; the contract lives in `clbench.tasks.base`."""

@@ -1,0 +1,133 @@
+"""The task contract: what every task source produces and how it grades.
+
+A task source is registered in the `clbench.tasks` entry-point group. It produces examples
+deterministically from (split, seed, size) and grades completions into a :class:`Grade`. Graders
+are pure functions of (example, completion) and must return quickly on adversarial output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Split = Literal["train", "eval"]
+Messages = list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One task item.
+
+    `messages` is the chat-formatted prompt (a list of `{"role", "content"}` dicts, ending with
+    the user turn the model must answer). `reference` is a correct response in the task's output
+    format (short reasoning + final answer) used by SFT and as a fallback demonstration. `answer`
+    is the gold answer in whatever JSON-serialisable form the grader needs.
+    """
+
+    id: str
+    messages: Messages
+    reference: str
+    answer: Any
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Grade:
+    """The verdict on one completion: reward in [0, 1], correctness, verifier feedback."""
+
+    reward: float
+    correct: bool
+    feedback: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.reward <= 1.0:
+            raise ValueError(f"reward must lie in [0, 1], got {self.reward}")
+
+
+class TaskParams(BaseModel):
+    """Base of a task source's parameters (empty by default)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskSource(ABC):
+    """A source of examples for one task, with its grader.
+
+    Subclasses set the class attributes and implement :meth:`build` and :meth:`grade`.
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    domain: ClassVar[str]              # "math", "science", "tool_use", ...
+    origin: ClassVar[str] = "offline"  # "offline" (ships with clbench) or "hub"
+    license: ClassVar[str] = "Apache-2.0"
+    Params: ClassVar[type[TaskParams]] = TaskParams
+
+    def __init__(self, params: TaskParams | dict[str, Any] | None = None) -> None:
+        if not isinstance(params, TaskParams):
+            params = self.Params.model_validate(params or {})
+        self.params = params
+
+    def examples(self, split: Split, seed: int, size: int) -> list[Example]:
+        """`size` items of `split`, the same for the same (params, split, seed, size)."""
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        return self.build(split, seed, size)
+
+    @abstractmethod
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        """Produce the items; train and eval must never share an item."""
+
+    @abstractmethod
+    def grade(self, example: Example, completion: str) -> Grade:
+        """Grade a completion of `example`. Pure, bounded in time on any input."""
+
+    def answer_start(self, completion: str) -> int:
+        """Character offset where the answer part of a completion starts.
+
+        Used by answer-only supervision (SDPO): tokens from this offset on are the "answer".
+        Default: after the last `</think>` if present, else the start of the last non-empty line.
+        """
+        return default_answer_start(completion)
+
+
+def default_answer_start(completion: str) -> int:
+    """After the last `</think>`; else the start of the last non-empty line; else 0."""
+    think = completion.rfind("</think>")
+    if think >= 0:
+        return think + len("</think>")
+    stripped = completion.rstrip()
+    if not stripped:
+        return 0
+    return stripped.rfind("\n") + 1
+
+
+def split_of(key: str, eval_fraction: float = 0.2) -> Split:
+    """Deterministic split assignment from an item's canonical key (disjoint by construction)."""
+    h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
+    return "eval" if (h % 10_000) < eval_fraction * 10_000 else "train"
+
+
+def seeded_rng(*parts: Any) -> random.Random:
+    """A `random.Random` seeded from a stable hash of `parts` (independent of PYTHONHASHSEED)."""
+    digest = hashlib.sha256(repr(parts).encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def one_shot(system: str | None, demo_user: str, demo_assistant: str, user: str) -> Messages:
+    """A chat with one finished example exchange before the real question.
+
+    Small instruction models follow an output format far more reliably after one worked example.
+    """
+    msgs: Messages = []
+    if system:
+        msgs.append({"role": "system", "content": system})
+    msgs += [{"role": "user", "content": demo_user},
+             {"role": "assistant", "content": demo_assistant},
+             {"role": "user", "content": user}]
+    return msgs

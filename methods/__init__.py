@@ -1,0 +1,1 @@
+"""Built-in method plugins (installed as `clbench_methods`)."""
