@@ -1,0 +1,124 @@
+"""Aggregation: mean, spread and count over seeds; bootstrap intervals over evaluation items.
+
+A single seed is not a result: every summary carries ``n`` and the formatted form always shows
+it (``0.53 (n=1)``), so a one-seed number can never pass for a mean over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SeedSummary:
+    """Mean and sample standard deviation (ddof=1) of one quantity over ``n`` seeds.
+
+    ``std`` is ``None`` for n = 1 (a spread needs two samples); ``n`` counts defined values
+    only, ``missing`` the seeds where the quantity was undefined.
+    """
+
+    mean: float | None
+    std: float | None
+    n: int
+    missing: int = 0
+
+    def format(self, digits: int = 3) -> str:
+        """``0.532 ± 0.021 (n=3)``; ``0.532 (n=1)``; ``n/a (n=0)``."""
+        if self.mean is None:
+            text = "n/a"
+        elif self.std is None:
+            text = f"{self.mean:.{digits}f}"
+        else:
+            text = f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+        return f"{text} (n={self.n})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "std": self.std, "n": self.n, "missing": self.missing}
+
+
+def summarise(values: Iterable[float | None]) -> SeedSummary:
+    """Summary of one quantity over seeds; ``None`` and NaN values are counted as missing."""
+    vals = list(values)
+    defined = [float(v) for v in vals if v is not None and not math.isnan(float(v))]
+    missing = len(vals) - len(defined)
+    if not defined:
+        return SeedSummary(None, None, 0, missing)
+    mean = float(np.mean(defined))
+    std = float(np.std(defined, ddof=1)) if len(defined) > 1 else None
+    return SeedSummary(mean, std, len(defined), missing)
+
+
+def aggregate_over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, SeedSummary]]:
+    """``{method: {metric: SeedSummary}}`` from run records.
+
+    Each record is ``{"method": str, "seed": int, "metrics": {name: {"value": ...}}}`` (the
+    shape of `results.json` reduced to what aggregation needs). Duplicate (method, seed) pairs
+    are refused: they would count one seed twice.
+    """
+    by_method: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for run in runs:
+        seeds = by_method.setdefault(run["method"], {})
+        if run["seed"] in seeds:
+            raise ValueError(f"method {run['method']!r} has two runs with seed {run['seed']}; "
+                             "each seed must be counted once")
+        seeds[run["seed"]] = run["metrics"]
+    out: dict[str, dict[str, SeedSummary]] = {}
+    for method, seeds in by_method.items():
+        names: list[str] = []
+        for metrics in seeds.values():
+            names += [n for n in metrics if n not in names]
+        out[method] = {name: summarise(_value(metrics.get(name)) for metrics in seeds.values())
+                       for name in names}
+    return out
+
+
+def _value(entry: Any) -> float | None:
+    if entry is None:
+        return None
+    if isinstance(entry, Mapping):
+        entry = entry.get("value")
+    return None if entry is None or isinstance(entry, (list, dict)) else float(entry)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A percentile bootstrap interval of a mean over items."""
+
+    low: float
+    high: float
+    confidence: float
+    samples: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"low": self.low, "high": self.high, "confidence": self.confidence,
+                "samples": self.samples, "method": "percentile bootstrap over items"}
+
+
+def bootstrap_interval(scores: Sequence[float], samples: int = 1000, confidence: float = 0.95,
+                       seed: int = 0) -> Interval | None:
+    """Percentile bootstrap interval of the mean of per-item ``scores``.
+
+    Seeded and independent of global RNG state, so a cell's interval is reproducible. Returns
+    ``None`` when there are no items or ``samples`` is 0 (bootstrap disabled).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
+    arr = np.asarray(scores, dtype=np.float64)
+    if arr.size == 0 or samples <= 0:
+        return None
+    rng = np.random.default_rng(seed)
+    # Resample in chunks so 10k resamples of 10k items stay within a few MB.
+    means = np.empty(samples)
+    chunk = max(1, 2_000_000 // arr.size)
+    for start in range(0, samples, chunk):
+        stop = min(samples, start + chunk)
+        idx = rng.integers(0, arr.size, size=(stop - start, arr.size))
+        means[start:stop] = arr[idx].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return Interval(float(low), float(high), confidence, samples)

@@ -1,0 +1,65 @@
+"""Aggregation over seeds and bootstrap intervals over items."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clbench.metrics.aggregate import aggregate_over_seeds, bootstrap_interval, summarise
+
+
+def test_mean_and_sample_std_over_seeds() -> None:
+    s = summarise([0.5, 0.7, 0.9])
+    assert s.mean == pytest.approx(0.7)
+    assert s.std == pytest.approx(0.2)  # sqrt(((.2)^2 + 0 + (.2)^2) / 2), ddof=1
+    assert s.n == 3
+    assert s.format(2) == "0.70 ± 0.20 (n=3)"
+
+
+def test_single_seed_says_n_equals_one_and_has_no_spread() -> None:
+    s = summarise([0.42])
+    assert s.std is None and s.n == 1
+    assert s.format(2) == "0.42 (n=1)"
+
+
+def test_undefined_values_are_counted_as_missing() -> None:
+    s = summarise([0.2, None, float("nan"), 0.4])
+    assert (s.mean, s.n, s.missing) == (pytest.approx(0.3), 2, 2)
+    empty = summarise([None])
+    assert empty.mean is None and empty.format() == "n/a (n=0)"
+
+
+def test_aggregate_groups_by_method_and_metric() -> None:
+    runs = [
+        {"method": "sft", "seed": 0, "metrics": {"acc": {"value": 0.5}, "bwt": {"value": None}}},
+        {"method": "sft", "seed": 1, "metrics": {"acc": {"value": 0.7}, "bwt": {"value": -0.1}}},
+        {"method": "grpo", "seed": 0, "metrics": {"acc": {"value": 0.3}}},
+    ]
+    agg = aggregate_over_seeds(runs)
+    assert agg["sft"]["acc"].mean == pytest.approx(0.6) and agg["sft"]["acc"].n == 2
+    assert agg["sft"]["bwt"].n == 1 and agg["sft"]["bwt"].missing == 1
+    assert agg["grpo"]["acc"].format(1) == "0.3 (n=1)"
+    with pytest.raises(ValueError, match="two runs with seed 0"):
+        aggregate_over_seeds(runs + [runs[0]])
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_mean() -> None:
+    scores = [1.0] * 30 + [0.0] * 70
+    a = bootstrap_interval(scores, samples=2000, seed=3)
+    b = bootstrap_interval(scores, samples=2000, seed=3)
+    assert a == b
+    assert a is not None and a.low < 0.3 < a.high
+    # normal approximation: 0.3 +- 1.96 * sqrt(.3 * .7 / 100) = [0.21, 0.39]
+    assert a.low == pytest.approx(0.21, abs=0.025)
+    assert a.high == pytest.approx(0.39, abs=0.025)
+    np.random.seed(0)  # the global RNG has no influence
+    assert bootstrap_interval(scores, samples=2000, seed=3) == a
+
+
+def test_bootstrap_degenerate_cases() -> None:
+    constant = bootstrap_interval([1.0] * 10, samples=100)
+    assert constant is not None and constant.low == constant.high == 1.0
+    assert bootstrap_interval([], samples=100) is None
+    assert bootstrap_interval([0.0, 1.0], samples=0) is None
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_interval([1.0], confidence=95)
