@@ -1,0 +1,89 @@
+"""Column evaluation: batching, grading, cell summary, per-item records on disk."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from rich.console import Console
+from rich.progress import Progress
+
+from clbench.evaluation import (
+    ItemRecord,
+    evaluate_column,
+    read_records,
+    records_path,
+    summarise_cell,
+    write_records,
+)
+from clbench.tasks.base import Example, Grade, Messages, TaskSource
+
+
+class EchoAddition(TaskSource):
+    """`a + b`; the right answer is the last line of the completion."""
+
+    name = "test.echo-addition"
+    description = "addition for evaluation tests"
+    domain = "math"
+
+    def build(self, split: str, seed: int, size: int) -> list[Example]:
+        return [Example(id=f"{split}-{i}", messages=[{"role": "user", "content": f"{i} + 1"}],
+                        reference=str(i + 1), answer=i + 1) for i in range(size)]
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        ok = completion.strip() == str(example.answer)
+        return Grade(1.0 if ok else 0.25, ok, None if ok else f"expected {example.answer}")
+
+
+class Calculator:
+    """Answers `i + 1` right for even i and wrong for odd i; records batch sizes."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def __call__(self, prompts: Sequence[Messages]) -> list[str]:
+        self.batches.append(len(prompts))
+        out = []
+        for p in prompts:
+            i = int(p[-1]["content"].split(" + ")[0])
+            out.append(str(i + 1) if i % 2 == 0 else "no idea")
+        return out
+
+
+def test_evaluate_column_batches_grades_and_summarises() -> None:
+    task = EchoAddition()
+    examples = task.examples("eval", 0, 10)
+    gen = Calculator()
+    with Progress(console=Console(quiet=True)) as progress:
+        cell = evaluate_column("add", task, examples, gen, batch_size=4, bootstrap_samples=500,
+                               progress=progress)
+        assert progress.tasks == []  # the per-column bar is removed when done
+    assert gen.batches == [4, 4, 2]
+    assert cell.n == 10
+    assert cell.score == pytest.approx(0.5)
+    assert cell.mean_reward == pytest.approx((5 * 1.0 + 5 * 0.25) / 10)
+    assert cell.interval is not None and cell.interval["low"] < 0.5 < cell.interval["high"]
+    assert [r.id for r in cell.records] == [f"eval-{i}" for i in range(10)]
+    assert cell.records[1] == ItemRecord("eval-1", "no idea", 0.25, False, "expected 2")
+    assert cell.summary()["n"] == 10 and "records" not in cell.summary()
+
+
+def test_generator_returning_wrong_count_is_an_error() -> None:
+    task = EchoAddition()
+    with pytest.raises(RuntimeError, match="1 completions for 3 prompts"):
+        evaluate_column("add", task, task.examples("eval", 0, 3), lambda ps: ["1"],
+                        batch_size=8)
+
+
+def test_empty_cell_has_no_score() -> None:
+    cell = summarise_cell("x", [])
+    assert cell.score is None and cell.n == 0 and cell.interval is None
+
+
+def test_records_round_trip_as_jsonl(tmp_path) -> None:
+    records = [ItemRecord("a", "x\ny \u00e9", 1.0, True), ItemRecord("b", "", 0.0, False, "no")]
+    path = records_path(tmp_path, 2, "math")
+    write_records(path, records)
+    assert path == tmp_path / "items" / "row2" / "math.jsonl"
+    assert read_records(path) == records
+    assert len(path.read_text(encoding="utf-8").splitlines()) == 2
