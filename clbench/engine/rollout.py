@@ -1,0 +1,237 @@
+"""Rollouts: sampling completions of chat prompts, the interface and its transformers backend.
+
+A :class:`Generator` turns chat prompts into :class:`Rollout` records (n samples per prompt).
+:class:`HFGenerator` runs `model.generate` in batches with a KV cache and left padding; another
+backend (vLLM) only has to implement :meth:`Generator.generate_from_ids`.
+
+Conventions every backend keeps:
+- prompts are chats, encoded with `apply_chat_template(add_generation_prompt=True)`;
+- rollouts come out prompt-major: all samples of prompt 0, then prompt 1, ...;
+- EOS: the completion ids end with the EOS token (the model did emit it, and training on it teaches
+  stopping); the text never contains it;
+- stop strings: the text is cut right before the earliest stop string; the ids keep every token up
+  to and including the one that completed the stop string; `finished` is then True;
+- `finished` is False only when `max_new_tokens` ran out first;
+- temperature 0 means greedy; otherwise pure sampling at that temperature with nucleus `top_p`
+  (no top-k, no repetition penalty: the log-probs the methods compute must describe the sampler);
+- the same `seed`, inputs, batch size and device give the same samples.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from clbench.tasks.base import Messages
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from clbench.specs import Budget, DecodingSpec
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: samples per prompt, temperature (0 = greedy), nucleus, length, stops, seed."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @classmethod
+    def from_budget(cls, budget: Budget, seed: int = 0, stop: Sequence[str] = ()
+                    ) -> SamplingParams:
+        """Training rollouts of a stage: `samples_per_prompt` samples at the budget's temperature."""
+        return cls(n=budget.samples_per_prompt, temperature=budget.temperature,
+                   top_p=budget.top_p, max_new_tokens=budget.max_new_tokens, stop=tuple(stop),
+                   seed=seed)
+
+    @classmethod
+    def from_decoding(cls, decoding: DecodingSpec, seed: int = 0, stop: Sequence[str] = ()
+                      ) -> SamplingParams:
+        """Evaluation decoding of a protocol: one sample per prompt (greedy by default)."""
+        return cls(n=1, temperature=decoding.temperature, top_p=decoding.top_p,
+                   max_new_tokens=decoding.max_new_tokens, stop=tuple(stop), seed=seed)
+
+
+@dataclass
+class Rollout:
+    """One sampled completion of one prompt."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    finished: bool
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.completion_ids)
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[int]:
+    """Token ids of a chat prompt ending with the assistant generation header."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    # The template already writes any BOS it wants; adding special tokens again would double it.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class Generator(ABC):
+    """Samples completions. Backends implement :meth:`generate_from_ids`."""
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def generate(self, prompts: Sequence[Messages], params: SamplingParams) -> list[Rollout]:
+        """`params.n` rollouts per chat prompt, prompt-major."""
+        return self.generate_from_ids([encode_chat(self.tokenizer, m) for m in prompts], params)
+
+    @abstractmethod
+    def generate_from_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams
+                          ) -> list[Rollout]:
+        """`params.n` rollouts per already-encoded prompt, prompt-major."""
+
+
+class HFGenerator(Generator):
+    """`transformers` generation: batches of `batch_size` sequences, left padded, KV cache."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 batch_size: int = 16) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    def eos_token_ids(self) -> set[int]:
+        """Every id that ends a completion: the tokenizer's EOS and the model's configured ones."""
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif configured:
+            ids.update(int(i) for i in configured)
+        return ids
+
+    def generate_from_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams
+                          ) -> list[Rollout]:
+        import torch
+
+        rows = [(p, s) for p in range(len(prompt_ids)) for s in range(params.n)]
+        eos_ids = self.eos_token_ids()
+        out: list[Rollout] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for batch_no, start in enumerate(range(0, len(rows), self.batch_size)):
+                chunk = rows[start:start + self.batch_size]
+                sequences = [list(prompt_ids[p]) for p, _ in chunk]
+                with torch.random.fork_rng(devices=self._rng_devices()):
+                    # One seed per batch, so a batch's samples do not depend on earlier batches.
+                    torch.manual_seed(_batch_seed(params.seed, batch_no))
+                    generated = self._generate_batch(sequences, params, eos_ids)
+                for (p, s), ids in zip(chunk, generated):
+                    completion, text, finished = finish_completion(
+                        ids, self.tokenizer, eos_ids, params.stop)
+                    out.append(Rollout(p, s, list(prompt_ids[p]), completion, text, finished))
+        finally:
+            self.model.train(was_training)
+        return out
+
+    def _rng_devices(self) -> list:
+        device = self.model.device
+        return [device] if device.type == "cuda" else []
+
+    def _generate_batch(self, sequences: list[list[int]], params: SamplingParams,
+                        eos_ids: set[int]) -> list[list[int]]:
+        """Raw generated ids per row (may run past EOS into padding; trimmed by the caller)."""
+        import torch
+        from transformers import GenerationConfig
+
+        pad_id = self.tokenizer.pad_token_id
+        width = max(len(s) for s in sequences)
+        input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(sequences), width), dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            input_ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            attention[i, width - len(seq):] = 1
+        # A fresh config, not the model's: checkpoints ship sampling defaults (top_k=50,
+        # repetition penalties) that would make the sampler differ from the scored policy.
+        config = GenerationConfig(
+            max_new_tokens=params.max_new_tokens, do_sample=not params.greedy,
+            temperature=params.temperature if not params.greedy else None,
+            top_p=params.top_p if not params.greedy else None, top_k=0 if not params.greedy
+            else None, eos_token_id=sorted(eos_ids) or None, pad_token_id=pad_id,
+            bos_token_id=None, use_cache=True)
+        kwargs = {}
+        if params.stop:
+            kwargs = {"stop_strings": list(params.stop), "tokenizer": self.tokenizer}
+        device = self.model.device
+        with torch.no_grad():
+            result = self.model.generate(input_ids=input_ids.to(device),
+                                         attention_mask=attention.to(device),
+                                         generation_config=config, **kwargs)
+        return result[:, width:].tolist()
+
+
+def _batch_seed(seed: int, batch_no: int) -> int:
+    return (seed * 1_000_003 + batch_no) % (2**63 - 1)
+
+
+def finish_completion(generated: list[int], tokenizer: PreTrainedTokenizerBase,
+                      eos_ids: set[int], stop: Sequence[str] = ()
+                      ) -> tuple[list[int], str, bool]:
+    """Trim raw generated ids at EOS or the earliest stop string: `(ids, text, finished)`.
+
+    See the module docstring for what is kept on each side of the cut.
+    """
+    ids = list(generated)
+    finished = False
+    for i, tok in enumerate(ids):
+        if tok in eos_ids:
+            ids, finished = ids[:i + 1], True
+            break
+    body = ids[:-1] if finished else ids
+    text = tokenizer.decode(body, skip_special_tokens=True)
+    cut = _earliest_stop(text, stop)
+    if cut is None:
+        return ids, text, finished
+    # Fewest tokens whose decoded text already contains a stop string (containment grows with
+    # the prefix, so bisect).
+    lo, hi = 1, len(body)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _earliest_stop(tokenizer.decode(body[:mid], skip_special_tokens=True), stop) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return body[:lo], text[:cut], True
+
+
+def _earliest_stop(text: str, stop: Sequence[str]) -> int | None:
+    positions = [p for p in (text.find(s) for s in stop) if p >= 0]
+    return min(positions) if positions else None
