@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from clbench.errors import UserError
+
 SUITE_SCHEMA_VERSION = 1
 _NAME = r"^[a-z0-9][a-z0-9_.\-]*$"
 
@@ -212,13 +214,16 @@ class RunSpec(Spec):
     seed: int = Field(default=0, description="Run seed: rollout sampling, data order, init.")
     out_dir: str = Field(description="Run directory: results, checkpoints, logs.")
     device: str = Field(default="auto", description="`auto`, `cpu`, `cuda`, `cuda:N`.")
+    suite_file: str | None = Field(default=None, description="The suite file the run was "
+                                   "built from; relative paths in the suite (e.g. an lm-eval "
+                                   "`include_path`) resolve against its folder.")
 
 
 # ---------------------------------------------------------------------------------------------
 # Loading and overrides
 # ---------------------------------------------------------------------------------------------
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """A user mistake in a spec file or override: one readable message, no traceback needed."""
 
 
@@ -233,17 +238,25 @@ def format_loc(loc: tuple[Any, ...]) -> str:
     return out or "<root>"
 
 
-def describe_validation_error(err: Any, source: str) -> str:
-    """Render a pydantic ValidationError as lines `source: field.path: what was expected`."""
+def describe_validation_error(err: Any, source: str, prefix: str = "") -> str:
+    """Render a pydantic ValidationError as lines `source: prefix.field.path: what was expected`.
+
+    `prefix` is where the validated object sits in a larger document (e.g. `method.params`);
+    an empty `source` drops the leading `source: `.
+    """
     lines = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if p not in ("function-after[_one_source(), ProbeSpec]",))
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; `clbench schema` lists the fields)"
         elif e["type"] == "missing":
             msg = "required field is missing"
-        lines.append(f"{source}: {format_loc(loc)}: {msg}")
+        path = format_loc(loc) if loc else ""
+        if prefix:
+            path = prefix + (path if path.startswith("[") or not path else "." + path)
+        where = path or "<root>"
+        lines.append(f"{source}: {where}: {msg}" if source else f"{where}: {msg}")
     return "\n".join(lines)
 
 
@@ -301,20 +314,31 @@ _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
 def parse_path(path: str) -> list[str | int]:
-    """`stages[0].budget.steps` -> `['stages', 0, 'budget', 'steps']`."""
+    """`stages[0].budget.steps` -> `['stages', 0, 'budget', 'steps']`.
+
+    Names are separated by dots, indices written `[N]`; anything else (`a..b`, `a.`, `[x]`,
+    `a[0]b`) is an error that points at the offending part.
+    """
     parts: list[str | int] = []
     pos = 0
     path = path.strip()
+    if not path:
+        raise SpecError("override key is empty; expected e.g. stages[0].budget.steps=4")
     while pos < len(path):
-        if path[pos] == "." and parts:
+        if parts and path[pos] == ".":
             pos += 1
+            if pos == len(path) or path[pos] in ".[":
+                raise SpecError(f"override key {path!r}: expected a field name after the dot")
+        elif parts and path[pos] != "[":
+            raise SpecError(f"override key {path!r}: cannot parse near {path[pos:]!r}")
         m = _PATH_TOKEN.match(path, pos)
         if not m:
-            raise SpecError(f"override key {path!r}: cannot parse near {path[pos:]!r}")
-        parts.append(m.group(1) if m.group(1) is not None else int(m.group(2)))
+            raise SpecError(f"override key {path!r}: cannot parse near {path[pos:]!r} "
+                            "(indices are written [N] with N >= 0)")
+        parts.append(m.group(1).strip() if m.group(1) is not None else int(m.group(2)))
         pos = m.end()
-    if not parts:
-        raise SpecError("override key is empty")
+    if isinstance(parts[0], int):
+        raise SpecError(f"override key {path!r}: must start with a field name")
     return parts
 
 
@@ -335,26 +359,34 @@ def parse_override(text: str) -> tuple[list[str | int], Any]:
 
 
 def apply_override(data: dict, path: list[str | int], value: Any) -> None:
-    """Set `value` at `path` inside nested dicts/lists, creating mappings as needed."""
+    """Set `value` at `path` inside nested dicts/lists, creating mappings as needed.
+
+    Indices must point at existing list items; a missing (or null) mapping on the way is
+    created, so `model.revision=main` works whether or not the file has a `model:` section.
+    """
+    full = format_loc(tuple(path))
     node: Any = data
-    for i, part in enumerate(path[:-1]):
-        where = format_loc(tuple(path[: i + 1]))
+    for i, part in enumerate(path):
+        parent = format_loc(tuple(path[:i])) if i else "the document"
+        last = i == len(path) - 1
         if isinstance(part, int):
-            if not isinstance(node, list) or part >= len(node):
-                n = len(node) if isinstance(node, list) else 0
-                raise SpecError(f"override {format_loc(tuple(path))}: {where} does not exist "
-                                f"({n} items)")
-            node = node[part]
+            if not isinstance(node, list):
+                raise SpecError(f"override {full}: {parent} is not a list, it cannot be indexed "
+                                f"with [{part}]")
+            if part >= len(node):
+                raise SpecError(f"override {full}: {format_loc(tuple(path[:i + 1]))} does not "
+                                f"exist ({parent} has {len(node)} items, indices start at 0)")
+            if last:
+                node[part] = value
+            else:
+                node = node[part]
         else:
             if not isinstance(node, dict):
-                raise SpecError(f"override {format_loc(tuple(path))}: {where} is not a mapping")
-            node = node.setdefault(part, {})
-    last = path[-1]
-    if isinstance(last, int):
-        if not isinstance(node, list) or last >= len(node):
-            raise SpecError(f"override {format_loc(tuple(path))}: index out of range")
-        node[last] = value
-    else:
-        if not isinstance(node, dict):
-            raise SpecError(f"override {format_loc(tuple(path))}: parent is not a mapping")
-        node[last] = value
+                raise SpecError(f"override {full}: {parent} is not a mapping, it has no field "
+                                f"{part!r}")
+            if last:
+                node[part] = value
+            else:
+                if node.get(part) is None:  # an absent or null section (e.g. `lm_eval: null`)
+                    node[part] = {}
+                node = node[part]

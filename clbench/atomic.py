@@ -1,0 +1,73 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of either.
+
+Each write goes to a temporary file in the target's folder (same file system, so the final
+rename is atomic), is flushed and fsynced, then renamed over the target with `os.replace`; the
+folder is fsynced afterwards so the rename itself survives a power cut. A failure at any point
+removes the temporary file and leaves the target untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_DEFAULT_MODE = 0o644  # new files are readable by the leaderboard builder and other users
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `path` atomically, creating parent folders; returns the path."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = target.stat().st_mode & 0o777  # keep the permissions of the file replaced
+    except FileNotFoundError:
+        mode = _DEFAULT_MODE
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, mode)
+        os.replace(tmp_name, target)
+    except BaseException:
+        # Also on KeyboardInterrupt: never leave a stray temporary file behind.
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(target.parent)
+    return target
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
+    """Write `text` to `path` atomically."""
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def atomic_write_json(path: str | os.PathLike[str], data: Any, indent: int | None = 2) -> Path:
+    """Write `data` as JSON atomically. NaN and infinity are refused: they are not JSON.
+
+    The document is serialised completely before anything touches the disk, so an object that
+    cannot be encoded leaves the old file as it was.
+    """
+    text = json.dumps(data, indent=indent, ensure_ascii=False, allow_nan=False)
+    return atomic_write_text(path, text + "\n")
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Persist a rename in `folder` (best effort: not every platform can open a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,314 @@
+"""The versioned schema of `results.json`: one document per run, written atomically.
+
+A result holds everything needed to trust and reproduce a number: the suite (and its content
+hash), the method and its resolved config, the model, the seed, library versions and the git
+revision, the accuracy matrix R (row 0 = the base model, then one row per completed stage) with
+the metadata of every column, the metrics with the variant each used, per-stage reports, drift,
+artifacts and compute.
+
+Versioning: `schema_version` is `MAJOR.MINOR`. A minor bump only adds fields, so a reader
+accepts any newer minor version (it ignores the fields it does not know) and refuses an unknown
+major version with a message saying what to upgrade. Documents of the version this code writes
+are validated strictly, so a misspelt field is an error rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+
+from clbench.atomic import atomic_write_json
+from clbench.errors import UserError
+from clbench.specs import RunSpec, SuiteSpec, describe_validation_error
+
+RESULTS_SCHEMA_VERSION = "1.0"
+RESULTS_FILENAME = "results.json"
+
+RunStatus = Literal["complete", "partial", "failed", "collapsed"]
+ColumnKind = Literal["stream", "ood", "general"]
+
+# Distributions whose versions every result records (those not installed are left out).
+_VERSIONED = ("clbench", "torch", "transformers", "accelerate", "datasets", "pydantic", "trl",
+              "lm_eval", "numpy", "math-verify", "vllm")
+
+
+class ResultsError(UserError):
+    """A results file that cannot be read: missing, not JSON, invalid, or from a newer major."""
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Record(BaseModel):
+    """Base of every part of a result: strict, except when reading a newer minor version."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_unknown_fields_of_newer_minor(cls, data: Any, info: ValidationInfo) -> Any:
+        if isinstance(data, dict) and info.context and info.context.get("lenient"):
+            return {k: v for k, v in data.items() if k in cls.model_fields}
+        return data
+
+
+class Column(Record):
+    """One column of R: a stream task (trained in stage `stage`) or a held-out probe."""
+
+    name: str
+    kind: ColumnKind
+    higher_is_better: bool = True
+    stage: int | None = Field(default=None, ge=1, description="1-based stage that trains this "
+                              "column; None for probes.")
+    source: str = Field(description="Task source name, or `lm_eval:<task>` for lm-eval probes.")
+
+    @model_validator(mode="after")
+    def _stage_iff_stream(self) -> Column:
+        if (self.kind == "stream") != (self.stage is not None):
+            raise ValueError("stream columns carry their stage index and probes carry none")
+        return self
+
+
+class Cell(Record):
+    """One score of R: the mean over `n` items and its bootstrap interval."""
+
+    score: float
+    n: int = Field(ge=0, description="Items behind the score.")
+    ci_low: float | None = None
+    ci_high: float | None = None
+
+    @model_validator(mode="after")
+    def _ordered_interval(self) -> Cell:
+        if self.ci_low is not None and self.ci_high is not None and self.ci_low > self.ci_high:
+            raise ValueError(f"ci_low {self.ci_low} is above ci_high {self.ci_high}")
+        return self
+
+
+class MetricValue(Record):
+    """A metric of the run; `value` is None where it is undefined (e.g. BWT with one stage)."""
+
+    value: float | None
+    variant: str | None = Field(default=None, description="Which published definition.")
+    higher_is_better: bool = True
+
+
+class StageRecord(Record):
+    """What happened in one stage: the method's report summarised."""
+
+    index: int = Field(ge=1)
+    name: str
+    summary: dict[str, float | None] = Field(default_factory=dict, description="Mean of each "
+                                             "per-step metric over the stage.")
+    counters: dict[str, int] = Field(default_factory=dict, description="Generated, trained "
+                                     "and teacher tokens, and similar counts.")
+    wall_time: dict[str, float] = Field(default_factory=dict, description="Seconds per phase.")
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class MethodInfo(Record):
+    """The method as run: its plugin name, where it came from and its full config."""
+
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict, description="Resolved config, "
+                                   "defaults included.")
+    distribution: str | None = None
+
+
+class ModelInfo(Record):
+    """The model as asked for and as actually loaded (path, dtype, parameter count, ...)."""
+
+    spec: dict[str, Any]
+    resolved: dict[str, Any] = Field(default_factory=dict)
+
+
+class Compute(Record):
+    """What the run cost."""
+
+    tokens: dict[str, int] = Field(default_factory=dict, description="Generated, trained and "
+                                   "teacher tokens over the whole run.")
+    wall_time_s: float = Field(default=0.0, ge=0.0)
+    device: str = ""
+    peak_memory_bytes: int | None = None
+
+
+class RunResult(Record):
+    """The whole `results.json` of one run."""
+
+    schema_version: str = RESULTS_SCHEMA_VERSION
+    status: RunStatus
+    error: str | None = Field(default=None, description="Why a failed run stopped.")
+    suite: dict[str, Any] = Field(description="The suite as run (`SuiteSpec` dump).")
+    suite_hash: str
+    method: MethodInfo
+    model: ModelInfo
+    seed: int
+    versions: dict[str, str] = Field(default_factory=dict)
+    git_revision: str | None = None
+    created: datetime = Field(default_factory=_now)
+    updated: datetime = Field(default_factory=_now)
+    columns: list[Column]
+    row_labels: list[str] = Field(default_factory=list)
+    matrix: list[list[Cell | None]] = Field(default_factory=list, description="R: row 0 is the "
+                                            "base model, row i is after stage i.")
+    metrics: dict[str, MetricValue] = Field(default_factory=dict)
+    stages: list[StageRecord] = Field(default_factory=list)
+    drift: dict[str, Any] = Field(default_factory=dict)
+    artifacts: dict[str, Any] = Field(default_factory=dict)
+    compute: Compute = Field(default_factory=Compute)
+
+    @model_validator(mode="after")
+    def _consistent_shape(self) -> RunResult:
+        names = [c.name for c in self.columns]
+        if len(set(names)) != len(names):
+            raise ValueError(f"column names must be unique, got {names}")
+        if len(self.row_labels) != len(self.matrix):
+            raise ValueError(f"{len(self.matrix)} matrix rows but {len(self.row_labels)} row "
+                             "labels")
+        n_stages = sum(c.kind == "stream" for c in self.columns)
+        if len(self.matrix) > n_stages + 1:
+            raise ValueError(f"{len(self.matrix)} matrix rows for {n_stages} stages (at most "
+                             "base + one per stage)")
+        for i, row in enumerate(self.matrix):
+            if len(row) != len(self.columns):
+                raise ValueError(f"matrix row {i} has {len(row)} cells for {len(self.columns)} "
+                                 "columns")
+        return self
+
+    def suite_spec(self) -> SuiteSpec:
+        """The suite as a validated spec (fails for a suite of a newer suite schema)."""
+        return SuiteSpec.model_validate(self.suite)
+
+    def score_matrix(self) -> list[list[float | None]]:
+        """R as plain numbers (None for a cell not evaluated)."""
+        return [[None if c is None else c.score for c in row] for row in self.matrix]
+
+
+def columns_for_suite(suite: SuiteSpec) -> list[Column]:
+    """The columns of R for `suite`: its stages in order, then its probes."""
+    cols = [Column(name=s.name, kind="stream", stage=i + 1, source=s.task.source)
+            for i, s in enumerate(suite.stages)]
+    for p in suite.probes:
+        source = p.task.source if p.task else f"lm_eval:{p.lm_eval.task}"  # type: ignore[union-attr]
+        cols.append(Column(name=p.name, kind=p.kind, source=source))
+    return cols
+
+
+def new_result(run: RunSpec, method_config: dict[str, Any] | None = None,
+               method_distribution: str | None = None) -> RunResult:
+    """An empty `partial` result for `run`: provenance filled in, no rows yet."""
+    return RunResult(
+        status="partial",
+        suite=run.suite.model_dump(mode="json"),
+        suite_hash=run.suite.content_hash(),
+        method=MethodInfo(name=run.method.name,
+                          config=method_config if method_config is not None
+                          else dict(run.method.params),
+                          distribution=method_distribution),
+        model=ModelInfo(spec=run.model.model_dump(mode="json")),
+        seed=run.seed,
+        versions=collect_versions(),
+        git_revision=git_revision(),
+        columns=columns_for_suite(run.suite),
+    )
+
+
+def _finite_or_none(value: Any) -> Any:
+    """NaN and infinity are not JSON; a diverged loss is recorded as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+def write_results(path: str | os.PathLike[str], result: RunResult) -> Path:
+    """Stamp `updated` and write `result` atomically (non-finite floats become null)."""
+    result.updated = _now()
+    return atomic_write_json(path, _finite_or_none(result.model_dump(mode="json")))
+
+
+def _parse_version(text: Any) -> tuple[int, int] | None:
+    if not isinstance(text, str):
+        return None
+    parts = text.split(".")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def read_results(path: str | os.PathLike[str]) -> RunResult:
+    """Read a results file; refuses an unknown major version, accepts newer minor ones."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ResultsError(f"{path}: no such results file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResultsError(f"{path}: not a readable JSON results file: {exc}") from None
+    if not isinstance(data, dict):
+        raise ResultsError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    found = _parse_version(data.get("schema_version"))
+    ours = _parse_version(RESULTS_SCHEMA_VERSION)
+    assert ours is not None
+    if found is None:
+        raise ResultsError(f"{path}: schema_version {data.get('schema_version')!r} is not of "
+                           "the form MAJOR.MINOR; is this a clbench results file?")
+    if found[0] != ours[0]:
+        newer = "a newer" if found[0] > ours[0] else "an older"
+        raise ResultsError(f"{path}: results schema version {found[0]}.{found[1]} is from "
+                           f"{newer} clbench; this clbench reads {ours[0]}.x. Install a clbench "
+                           f"that reads schema {found[0]}.x to use this file.")
+    try:
+        return RunResult.model_validate(data, context={"lenient": found[1] > ours[1]})
+    except ValidationError as err:
+        raise ResultsError(describe_validation_error(err, str(path))) from None
+
+
+def collect_versions() -> dict[str, str]:
+    """Versions of Python, the platform and the libraries that shape a result."""
+    versions = {"python": platform.python_version(), "platform": platform.platform()}
+    for dist in _VERSIONED:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    torch = sys.modules.get("torch")  # only if already imported: this must stay cheap
+    cuda = getattr(getattr(torch, "version", None), "cuda", None)
+    if cuda:
+        versions["cuda"] = str(cuda)
+    return versions
+
+
+def git_revision(folder: str | os.PathLike[str] | None = None) -> str | None:
+    """The commit of the checkout holding clbench (`+dirty` if it has local changes), or None."""
+    where = Path(folder) if folder is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=False)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(where), "diff-index", "--quiet", "HEAD", "--"],
+                               capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")

@@ -1,0 +1,244 @@
+"""Finding suites by name or path, applying `--set` overrides, and building a run's spec.
+
+A suite is named by its file stem (`starter` -> `suites/starter.yaml`) or given as a path.
+Names are looked up in the folders of the `CLBENCH_SUITE_PATH` environment variable (separated
+like `PATH`), then in the suites shipped with clbench; the first match wins.
+
+Overrides are `KEY=VALUE` strings. In :func:`build_run_spec`, keys under `method.` are method
+parameters, keys under `model.` change the run's model, and every other key edits the suite
+(`stages[0].budget.steps=4`). Whatever the route, the result is validated exactly like a file,
+and errors name the file, the override, the field path and what was expected.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from clbench import registry
+from clbench.errors import UserError
+from clbench.specs import (
+    MethodSpec,
+    ModelSpec,
+    RunSpec,
+    SpecError,
+    SuiteSpec,
+    apply_override,
+    describe_validation_error,
+    parse_override,
+    read_yaml,
+    validate_model,
+)
+
+SUITE_PATH_ENV = "CLBENCH_SUITE_PATH"
+SUITE_SUFFIXES = (".yaml", ".yml")
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+class SuiteNotFoundError(UserError):
+    """A suite name that matches no file in the search path."""
+
+
+@dataclass(frozen=True)
+class SuiteInfo:
+    """One suite as `clbench list suites` shows it."""
+
+    name: str
+    description: str
+    path: Path
+
+
+def suite_dirs() -> list[Path]:
+    """Folders searched for named suites, in priority order (existing folders only)."""
+    dirs = [Path(p).expanduser() for p in os.environ.get(SUITE_PATH_ENV, "").split(os.pathsep)
+            if p.strip()]
+    # A source checkout keeps suites beside the package; a wheel ships them inside it.
+    dirs += [_PACKAGE_DIR.parent / "suites", _PACKAGE_DIR / "suites"]
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for d in dirs:
+        key = d.resolve()
+        if key not in seen and d.is_dir():
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def _named_files() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in suite_dirs():
+        for f in sorted(d.iterdir()):
+            if f.suffix in SUITE_SUFFIXES and f.is_file():
+                found.setdefault(f.stem, f)
+    return found
+
+
+def _looks_like_path(ref: str) -> bool:
+    return os.sep in ref or "/" in ref or ref.endswith(SUITE_SUFFIXES)
+
+
+def resolve_suite(ref: str | os.PathLike[str]) -> Path:
+    """The file of suite `ref`: a path to a YAML file, or a name from the search path."""
+    text = os.fspath(ref)
+    if _looks_like_path(text) or Path(text).is_file():
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise SuiteNotFoundError(f"{path}: no such suite file")
+        return path
+    named = _named_files()
+    if text in named:
+        return named[text]
+    close = difflib.get_close_matches(text, list(named), n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    known = ", ".join(named) if named else "none found"
+    searched = ", ".join(str(d) for d in suite_dirs()) or "no folder"
+    raise SuiteNotFoundError(f"unknown suite {text!r}.{hint} Known suites: {known} (searched "
+                             f"{searched}; add folders with {SUITE_PATH_ENV} or pass a path).")
+
+
+def list_suites() -> list[SuiteInfo]:
+    """Every named suite; an unreadable or invalid file says so in its description."""
+    infos = []
+    for name, path in _named_files().items():
+        try:
+            data = read_yaml(path)
+            description = str(data.get("description", "")) if isinstance(data, dict) else ""
+        except SpecError as exc:
+            description = f"(invalid: {exc})"
+        infos.append(SuiteInfo(name, _first_line(description), path))
+    return infos
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def _override_source(path: Path, overrides: Sequence[str]) -> str:
+    if not overrides:
+        return str(path)
+    return f"{path} (with --set {' --set '.join(overrides)})"
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """A deep copy of `data` with every `KEY=VALUE` override applied in order."""
+    out = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        apply_override(out, path, value)
+    return out
+
+
+def load_suite(ref: str | os.PathLike[str], overrides: Sequence[str] = ()) -> SuiteSpec:
+    """Read, override and validate a suite (plugin parameters are checked separately, by
+    :func:`validate_suite_plugins`)."""
+    path = resolve_suite(ref)
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of suite fields at the top level, got "
+                        f"{type(data).__name__}")
+    data = apply_overrides(data, overrides)
+    return validate_model(SuiteSpec, data, _override_source(path, overrides))
+
+
+def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | None = None) -> None:
+    """Check that every task source exists and its parameters validate, in stages and probes.
+
+    All problems are gathered into one :class:`SpecError`, one line each, so a user fixes a file
+    in one pass. `source` (the suite file) prefixes the lines and anchors relative paths.
+    """
+    prefix = f"{source}: " if source else ""
+    problems: list[str] = []
+    tasks = [(f"stages[{i}].task", s.task) for i, s in enumerate(suite.stages)]
+    tasks += [(f"probes[{i}].task", p.task) for i, p in enumerate(suite.probes) if p.task]
+    for where, task in tasks:
+        try:
+            registry.validate_task_params(task.source, task.params, where=f"{where}.params")
+        except registry.PluginError as exc:
+            problems.append(f"{prefix}{where}.source: {exc}")
+        except SpecError as exc:
+            problems += [f"{prefix}{line}" for line in str(exc).splitlines()]
+    base = Path(source).parent if source else None
+    for i, probe in enumerate(suite.probes):
+        include = probe.lm_eval.include_path if probe.lm_eval else None
+        if include is None:
+            continue
+        folder = Path(include).expanduser()
+        if not folder.is_absolute() and base is not None:
+            folder = base / folder
+        if not folder.is_dir():
+            problems.append(f"{prefix}probes[{i}].lm_eval.include_path: folder {folder} does not "
+                            "exist (relative paths resolve against the suite file)")
+    if problems:
+        raise SpecError("\n".join(problems))
+
+
+def default_out_dir(suite_name: str, method: str, seed: int) -> str:
+    """Where a run's results go unless `--out` says otherwise."""
+    return str(Path("runs") / suite_name / method / f"s{seed}")
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """Route overrides: (`method.*` with the prefix removed, `model.*` likewise, the rest)."""
+    method, model, suite = [], [], []
+    for text in overrides:
+        key = text.split("=", 1)[0].strip()
+        for prefix, bucket in (("method.", method), ("model.", model)):
+            if key.startswith(prefix):
+                bucket.append(text.strip()[len(prefix):])
+                break
+        else:
+            if key in ("method", "model"):
+                raise SpecError(f"override {text!r}: set one field at a time, e.g. "
+                                f"{key}.{'lr=1e-5' if key == 'method' else 'dtype=float32'}")
+            suite.append(text)
+    return method, model, suite
+
+
+def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: int = 0,
+                   out_dir: str | os.PathLike[str] | None = None,
+                   overrides: Sequence[str] = (), model: str | None = None,
+                   device: str = "auto") -> RunSpec:
+    """Everything one run needs, validated: suite (with overrides), method, model, seed."""
+    method_sets, model_sets, suite_sets = split_overrides(overrides)
+    path = resolve_suite(suite_ref)
+    suite = load_suite(path, suite_sets)
+    validate_suite_plugins(suite, _override_source(path, suite_sets))
+
+    model_data = suite.model.model_dump()
+    if model is not None:
+        model_data["name"] = model
+    model_data = apply_overrides(model_data, model_sets)
+    model_spec = _validate_at(ModelSpec, model_data, "model")
+
+    params = apply_overrides({}, method_sets)
+    registry.validate_method_params(method_name, params, where="method")
+    out = os.fspath(out_dir) if out_dir is not None else default_out_dir(suite.name,
+                                                                        method_name, seed)
+    return validate_model(RunSpec, {
+        "suite": suite, "method": MethodSpec(name=method_name, params=params),
+        "model": model_spec, "seed": seed, "out_dir": out, "device": device,
+        "suite_file": str(path),
+    }, "run")
+
+
+def _validate_at(model: type[BaseModel], data: dict[str, Any], prefix: str) -> Any:
+    """Validate `data` with messages that read `prefix.field: ...` (e.g. `model.dtype`)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise SpecError(describe_validation_error(err, "", prefix)) from None
+
+
+__all__ = [
+    "SUITE_PATH_ENV", "SuiteInfo", "SuiteNotFoundError", "apply_overrides", "build_run_spec",
+    "default_out_dir", "list_suites", "load_suite", "resolve_suite", "suite_dirs",
+    "split_overrides", "validate_suite_plugins",
+]
