@@ -109,19 +109,17 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
                      seed: int = 0) -> GenerateFn:
     """A generation function for evaluation with the protocol's decoding.
 
-    Prompts are rendered with the tokenizer's chat template, generated in one padded batch
-    through the engine's generator, and decoded without the prompt or special tokens. Greedy
-    (temperature 0) ignores ``seed``; sampled evaluation is seeded per call so rows are
-    reproducible.
+    Prompts go through the engine's generator (the same chat encoding, EOS handling and padding
+    as training rollouts), one completion each. Greedy decoding (temperature 0) ignores ``seed``;
+    sampled evaluation is seeded so a row is reproducible.
     """
-    from clbench.engine.rollout import Generator  # the engine's shared generation path
+    from clbench.engine.rollout import HFGenerator, SamplingParams
 
-    generator = Generator(model, tokenizer)
+    generator = HFGenerator(model, tokenizer, batch_size=decoding.batch_size)
+    params = SamplingParams.from_decoding(decoding, seed=seed)
 
     def generate(prompts: Sequence[Messages]) -> list[str]:
-        return generator.complete(list(prompts), max_new_tokens=decoding.max_new_tokens,
-                                  temperature=decoding.temperature, top_p=decoding.top_p,
-                                  seed=seed)
+        return [r.text for r in generator.generate(list(prompts), params)]
 
     return generate
 

@@ -87,3 +87,22 @@ def test_records_round_trip_as_jsonl(tmp_path) -> None:
     assert path == tmp_path / "items" / "row2" / "math.jsonl"
     assert read_records(path) == records
     assert len(path.read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_tiny_model_evaluation_is_deterministic_and_graded_by_the_task() -> None:
+    from clbench.evaluation import make_generate_fn
+    from clbench.models import load_model
+    from clbench.specs import DecodingSpec
+
+    model, tokenizer = load_model("tiny-llama", device="cpu", dtype="float32", seed=1)
+    task = EchoAddition()
+    examples = task.examples("eval", 0, 5)
+    decoding = DecodingSpec(max_new_tokens=6, batch_size=2)
+    cells = [evaluate_column("add", task, examples, make_generate_fn(model, tokenizer, decoding),
+                             batch_size=decoding.batch_size, bootstrap_samples=0)
+             for _ in range(2)]
+    assert cells[0].records == cells[1].records
+    assert all(len(r.completion) <= 6 for r in cells[0].records)  # char model: 1 char per token
+    assert cells[0].score == sum(r.completion.strip() == str(i + 1)
+                                 for i, r in enumerate(cells[0].records)) / 5
+    assert cells[0].interval is None  # bootstrap disabled
