@@ -187,9 +187,7 @@ def topk_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     """Divergence on the student's top-k support plus one tail bucket (the SDPO reference).
 
     The support is the k tokens the student ranks highest; the teacher's log-probs are read at
-    the same tokens. With ``tail=True`` a (k+1)-th category holds each side's remaining mass, so
-    both are proper distributions; with ``tail=False`` both are renormalised over the k tokens.
-    Then :func:`generalized_jsd`. Logits ``[..., V]`` -> loss ``[...]``.
+    the same tokens. Logits ``[..., V]`` -> loss ``[...]``; see :func:`topk_logprob_divergence`.
     """
     if k < 1:
         raise ValueError(f"topk must be >= 1, got {k}")
@@ -200,6 +198,21 @@ def topk_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     s = top_logits - torch.logsumexp(student_logits, dim=-1, keepdim=True)
     t = (torch.gather(teacher_logits, -1, top_ids)
          - torch.logsumexp(teacher_logits, dim=-1, keepdim=True))
+    return topk_logprob_divergence(s, t, alpha=alpha, tail=tail)
+
+
+def topk_logprob_divergence(student_topk_logp: torch.Tensor, teacher_topk_logp: torch.Tensor, *,
+                            alpha: float = 0.5, tail: bool = True) -> torch.Tensor:
+    """The top-k divergence from log-probs already gathered on the student's top-k tokens.
+
+    Both inputs are full-vocabulary log-softmax values at the same k token ids ``[..., k]`` (what
+    :func:`clbench.engine.logprobs.completion_distributions` returns with ``topk=`` for the
+    student and ``indices=`` for the teacher). With ``tail=True`` a (k+1)-th category holds each
+    side's remaining mass, so both are proper distributions; with ``tail=False`` both are
+    renormalised over the k tokens. Then :func:`generalized_jsd`.
+    """
+    s = student_topk_logp.float()
+    t = teacher_topk_logp.detach().float()
     if tail:
         s, t = with_tail_bucket(s), with_tail_bucket(t)
     else:

@@ -1,0 +1,123 @@
+"""Which completion tokens receive a distillation target: the answer/CoT split and token masks.
+
+Definitions (also in ``docs/methods.md``)
+------------------------------------------
+A completion is a token sequence ``y_1..y_n`` whose decoded text is ``text``. Each token ``y_i``
+covers a character span of ``text`` ending at ``end_i``: the length of the text decoded from the
+prefix ``y_1..y_i`` (made non-decreasing, see :func:`token_char_ends`). Special tokens such as
+EOS decode to nothing, so their span is empty and ends where the previous token ended.
+
+The task says where the answer starts: ``a = task.answer_start(text)``, a character offset
+(default: after the last ``</think>``, else the start of the last non-empty line; tasks override
+it, e.g. tool use starts the answer at ``Action:``).
+
+- ``answer`` supervision: token ``i`` is supervised iff ``end_i > a``: every token that contains
+  at least one character of the answer, including a token that straddles the boundary (e.g.
+  ``" 37"`` when the answer starts at ``3``), plus the EOS token when the answer is non-empty
+  (stopping right after the answer is part of answering). A token that ends exactly at ``a``
+  (the newline before the last line, ``</think>`` itself) is not supervised. When the answer
+  part is empty (``a = len(text)``), nothing is supervised.
+- ``all`` supervision (chain of thought): every token of the completion, EOS included.
+
+Supervision density is the fraction of completion tokens that are supervised.
+
+Random token mask (``mask_ratio``, as in the SDPO-CL fork): each supervised token is
+independently dropped with probability ``mask_ratio`` (kept iff ``u >= mask_ratio``,
+``u ~ U[0, 1)``), drawn from a seeded generator so runs are reproducible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Supervision = Literal["answer", "all"]
+SUPERVISION_MODES: tuple[str, ...] = ("answer", "all")
+
+
+def token_char_ends(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int], *,
+                    skip_special_tokens: bool = True) -> list[int]:
+    """End offset of each token's span in ``decode(token_ids)``, by incremental decoding.
+
+    ``end_i = len(decode(token_ids[:i+1]))``, then made non-decreasing from the right
+    (``end_i <- min(end_i, end_{i+1})``): a prefix that ends inside a multi-byte character
+    decodes to a replacement character that the full text does not have, and that token is
+    attributed to the character it helps complete. Incremental decoding (rather than a fast
+    tokenizer's ``offset_mapping``) works for every tokenizer and for sampled ids that would not
+    re-tokenise to themselves. Prefixes are decoded in one ``batch_decode`` call.
+    """
+    ids = list(token_ids)
+    if not ids:
+        return []
+    prefixes = [ids[:i + 1] for i in range(len(ids))]
+    texts = tokenizer.batch_decode(prefixes, skip_special_tokens=skip_special_tokens)
+    return monotone_ends([len(t) for t in texts])
+
+
+def monotone_ends(raw_ends: Sequence[int]) -> list[int]:
+    """Make span ends non-decreasing by taking, for each token, the min over it and later ones."""
+    out = list(raw_ends)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
+def answer_token_mask(token_ends: Sequence[int], answer_start: int) -> list[bool]:
+    """Token i is an answer token iff its span ends after `answer_start` (``end_i > a``)."""
+    return [end > answer_start for end in token_ends]
+
+
+def supervision_mask(text: str, token_ends: Sequence[int], mode: Supervision,
+                     answer_start: Callable[[str], int]) -> list[bool]:
+    """Per-token supervision of one completion: answer tokens (``answer``) or all (``all``).
+
+    `answer_start` is the task's ``answer_start(text) -> char offset``; it is clamped to
+    ``[0, len(text)]`` so a task returning an out-of-range offset cannot select phantom tokens.
+    """
+    if mode == "all":
+        return [True] * len(token_ends)
+    if mode != "answer":
+        raise ValueError(f"unknown supervision {mode!r}; expected one of "
+                         f"{', '.join(SUPERVISION_MODES)}")
+    start = min(max(int(answer_start(text)), 0), len(text))
+    return answer_token_mask(token_ends, start)
+
+
+def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
+                           token_ids: Sequence[int], mode: Supervision,
+                           answer_start: Callable[[str], int]) -> list[bool]:
+    """:func:`supervision_mask` with token spans from :func:`token_char_ends`.
+
+    `text` must be the completion text the grader saw (``decode(ids, skip_special_tokens=True)``,
+    possibly cut at a stop string: tokens past the cut then count as ending after the answer).
+    """
+    if mode == "all":
+        return [True] * len(token_ids)
+    return supervision_mask(text, token_char_ends(tokenizer, token_ids), mode, answer_start)
+
+
+def random_token_mask(mask: torch.Tensor, mask_ratio: float,
+                      generator: torch.Generator | None = None) -> torch.Tensor:
+    """Drop each True entry of `mask` with probability `mask_ratio` (the fork's ``mask_ratio``).
+
+    Returns a bool tensor of `mask`'s shape. ``mask_ratio = 0`` returns `mask` unchanged (no
+    random numbers drawn); ``1`` drops everything.
+    """
+    if not 0.0 <= mask_ratio <= 1.0:
+        raise ValueError(f"mask_ratio must lie in [0, 1], got {mask_ratio}")
+    mask = mask.bool()
+    if mask_ratio == 0.0:
+        return mask
+    u = torch.rand(mask.shape, generator=generator, device="cpu").to(mask.device)
+    return mask & (u >= mask_ratio)
+
+
+def supervised_fraction(supervised: torch.Tensor, completion_mask: torch.Tensor) -> float:
+    """Supervision density: supervised tokens / completion tokens (0 for an empty batch)."""
+    total = int(completion_mask.bool().sum())
+    return float((supervised.bool() & completion_mask.bool()).sum()) / total if total else 0.0
