@@ -37,7 +37,14 @@ _LIST_HINT = {METHODS_GROUP: "clbench list methods", TASKS_GROUP: "clbench list 
 
 
 class PluginError(UserError):
-    """A plugin cannot be used: unknown name, name clash, failed import, wrong kind of object."""
+    """A plugin cannot be used: unknown name, name clash, failed import, wrong kind of object.
+
+    `reason` is the short cause (e.g. the import error) for listings that already show the name.
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 @dataclass
@@ -58,7 +65,7 @@ class StaticEntryPoint:
     """An entry point whose target is an object already in memory (for tests and notebooks).
 
     `error`, when given, is raised by :meth:`load` in place of returning `target`, which is how
-    a test simulates a plugin whose import fails.
+    a test simulates a plugin whose import fails; `target_path` then says what it would import.
     """
 
     name: str
@@ -66,9 +73,12 @@ class StaticEntryPoint:
     target: Any = None
     distribution: str = "test-plugins"
     error: BaseException | None = None
+    target_path: str | None = None
 
     @property
     def value(self) -> str:
+        if self.target_path is not None:
+            return self.target_path
         module = getattr(self.target, "__module__", "?")
         return f"{module}:{getattr(self.target, '__qualname__', repr(self.target))}"
 
@@ -193,13 +203,14 @@ def _load_class(group: str, name: str) -> type:
     try:
         obj = ep.load()
     except Exception as exc:  # noqa: BLE001 - any failure of a plugin's import is reported
+        reason = f"{type(exc).__name__}: {exc}"
         raise PluginError(f"{kind} {name!r} from distribution {dist} failed to import "
-                          f"({ep.value}): {type(exc).__name__}: {exc}") from exc
+                          f"({ep.value}): {reason}", reason=reason) from exc
     expected = _base_class(group)
     if not (isinstance(obj, type) and issubclass(obj, expected)):
-        raise PluginError(f"{kind} {name!r} from distribution {dist} points to {ep.value}, "
-                          f"which is not a subclass of {expected.__module__}."
-                          f"{expected.__qualname__}.")
+        reason = (f"{ep.value} is not a subclass of {expected.__module__}."
+                  f"{expected.__qualname__}")
+        raise PluginError(f"{kind} {name!r} from distribution {dist}: {reason}.", reason=reason)
     _loaded[key] = obj
     return obj
 
@@ -228,7 +239,7 @@ def list_plugins(group: str) -> list[PluginInfo]:
         except PluginError as exc:
             for ep in candidates:
                 infos.append(PluginInfo(name, group, ep.value, _dist_name(ep),
-                                        f"(import failed: {exc})" if len(candidates) == 1
+                                        f"(import failed: {exc.reason})" if len(candidates) == 1
                                         else f"(conflict: {exc})", load_error=str(exc)))
             continue
         ep = candidates[0]

@@ -1,0 +1,330 @@
+"""The `clbench` command line: parse options, call the library, print with rich.
+
+Each command is one self-contained block below (a decorated function registered on the `cli`
+group); a new command is added by appending a block, nothing else changes. Any
+:class:`clbench.errors.UserError` raised by a command becomes one red line on stderr and exit
+status 2; `clbench --debug ...` re-raises it to show the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from clbench import __version__
+from clbench.errors import UserError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def stdout_console() -> Console:
+    """A console on the current stdout (click's test runner swaps it, so build it per call)."""
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr, highlight=False)
+
+
+class ClbenchGroup(click.Group):
+    """A click group that turns user errors into one message and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as exc:
+            if ctx.find_root().params.get("debug"):
+                raise
+            stderr_console().print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=ClbenchGroup, context_settings=CONTEXT_SETTINGS)
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.version_option(__version__, "--version", prog_name="clbench")
+def cli(debug: bool) -> None:
+    """clbench: a declarative continual-learning benchmark for LLM post-training.
+
+    \b
+    Example:
+      clbench list methods
+      clbench run --suite starter --method sdpo --seed 0
+    """
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="clbench")
+
+
+def parse_sets(values: tuple[str, ...]) -> list[str]:
+    """`--set` values as given (the library parses and validates them)."""
+    return [v for v in values if v.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench list
+# ---------------------------------------------------------------------------------------------
+
+@cli.command("list")
+@click.argument("what", type=click.Choice(["methods", "tasks", "suites"]))
+def list_command(what: str) -> None:
+    """List the installed methods, task sources or named suites.
+
+    \b
+    Example:
+      clbench list methods
+    """
+    console = stdout_console()
+    if what == "suites":
+        from clbench.suites import list_suites
+
+        table = Table(title="suites", title_justify="left")
+        table.add_column("name", no_wrap=True, style="bold")
+        table.add_column("description", overflow="fold")
+        table.add_column("path", overflow="fold")
+        for suite in list_suites():
+            table.add_row(suite.name, escape(suite.description), str(suite.path))
+        console.print(table)
+        return
+
+    from clbench import registry
+
+    group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
+    table = Table(title=what, title_justify="left")
+    table.add_column("name", no_wrap=True, style="bold")
+    table.add_column("description", overflow="fold")
+    if what == "tasks":
+        for col in ("domain", "origin", "license"):
+            table.add_column(col, no_wrap=True)
+    table.add_column("distribution", no_wrap=True)
+    for info in registry.list_plugins(group):
+        description = escape(info.description)
+        if info.load_error:
+            description = f"[red]{description}[/]"
+        extra = [info.details.get(c, "") for c in ("domain", "origin", "license")]
+        table.add_row(info.name, description, *(extra if what == "tasks" else []),
+                      info.distribution or "?")
+    console.print(table)
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench validate
+# ---------------------------------------------------------------------------------------------
+
+@cli.command("validate")
+@click.argument("files", nargs=-1, required=True)
+def validate_command(files: tuple[str, ...]) -> None:
+    """Validate suite files (fields and the parameters of every task source).
+
+    Prints OK or the problems for each file; exits 0 when all are valid, 2 otherwise.
+
+    \b
+    Example:
+      clbench validate suites/*.yaml
+    """
+    from clbench.suites import load_suite, resolve_suite, validate_suite_plugins
+
+    console, errors = stdout_console(), stderr_console()
+    failed = 0
+    for ref in files:
+        try:
+            path = resolve_suite(ref)
+            suite = load_suite(path)
+            validate_suite_plugins(suite, path)
+        except UserError as exc:
+            failed += 1
+            errors.print(f"[bold red]FAIL[/] {escape(ref)}\n{escape(str(exc))}", soft_wrap=True)
+            continue
+        console.print(f"[green]OK[/]   {escape(str(path))} ({escape(suite.name)}: "
+                      f"{len(suite.stages)} stages, {len(suite.probes)} probes)", soft_wrap=True)
+    if failed:
+        raise click.exceptions.Exit(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench schema
+# ---------------------------------------------------------------------------------------------
+
+@cli.command("schema")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the schema to this file instead of stdout.")
+def schema_command(output: Path | None) -> None:
+    """Print the JSON Schema of suite files (for editor completion and checks).
+
+    \b
+    Example:
+      clbench schema --output suite.schema.json
+    """
+    from clbench.specs import SuiteSpec
+
+    text = json.dumps(SuiteSpec.model_json_schema(), indent=2) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    from clbench.atomic import atomic_write_text
+
+    atomic_write_text(output, text)
+    stdout_console().print(f"wrote {escape(str(output))}")
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench tasks show
+# ---------------------------------------------------------------------------------------------
+
+@cli.group("tasks", cls=ClbenchGroup)
+def tasks_group() -> None:
+    """Inspect task sources."""
+
+
+@tasks_group.command("show")
+@click.argument("name")
+@click.option("--n", "n", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Number of items to show.")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Data seed.")
+@click.option("--split", type=click.Choice(["train", "eval"]), default="train",
+              show_default=True, help="Which split to draw from.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="A task parameter, e.g. --set level=2 (repeatable).")
+def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str, ...]) -> None:
+    """Show items of a task source: the prompt, the reference and the reference's grade.
+
+    \b
+    Example:
+      clbench tasks show math.arithmetic --n 3 --seed 0 --split eval
+    """
+    from clbench.registry import build_task
+    from clbench.specs import TaskSpec
+    from clbench.suites import apply_overrides
+
+    params = apply_overrides({}, parse_sets(sets))
+    task = build_task(TaskSpec(source=name, params=params), where="--set")
+    console = stdout_console()
+    for example in task.examples(split, seed, n):  # type: ignore[arg-type]
+        console.rule(f"[bold]{escape(name)}[/] {escape(example.id)}")
+        for message in example.messages:
+            console.print(f"[cyan]{escape(message['role'])}:[/] {escape(message['content'])}",
+                          soft_wrap=True)
+        console.print(f"[magenta]reference:[/] {escape(example.reference)}", soft_wrap=True)
+        console.print(f"[magenta]answer:[/] {escape(json.dumps(example.answer, default=str))}",
+                      soft_wrap=True)
+        grade = task.grade(example, example.reference)
+        colour = "green" if grade.correct else "red"
+        feedback = f" feedback: {escape(grade.feedback)}" if grade.feedback else ""
+        console.print(f"[{colour}]grade of the reference: reward {grade.reward:.3f}, "
+                      f"correct {grade.correct}[/]{feedback}", soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench run
+# ---------------------------------------------------------------------------------------------
+
+def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> None:
+    """The validated plan of a run: stages and budgets, columns, model, method config."""
+    suite = run.suite
+    console.print(f"[bold]suite[/] {escape(suite.name)} v{escape(suite.version)} "
+                  f"({escape(run.suite_file or '')})  hash {suite.content_hash()[:19]}",
+                  soft_wrap=True)
+    console.print(f"[bold]method[/] {escape(run.method.name)}  [bold]seed[/] {run.seed}  "
+                  f"[bold]device[/] {escape(run.device)}  [bold]out[/] {escape(run.out_dir)}",
+                  soft_wrap=True)
+    model = run.model
+    console.print(f"[bold]model[/] {escape(model.name)} (dtype {model.dtype}"
+                  + (f", revision {escape(model.revision)}" if model.revision else "") + ")")
+
+    stages = Table(title="stages", title_justify="left")
+    for col in ("#", "name", "task", "train items", "steps", "prompts/step", "samples/prompt",
+                "max new tokens", "temperature", "lr"):
+        stages.add_column(col, no_wrap=col in ("#", "name"))
+    for i, stage in enumerate(suite.stages, start=1):
+        b = stage.budget
+        stages.add_row(str(i), stage.name, escape(stage.task.source), str(stage.task.train_size),
+                       str(b.steps), str(b.prompts_per_step), str(b.samples_per_prompt),
+                       str(b.max_new_tokens), f"{b.temperature:g}",
+                       "method default" if b.lr is None else f"{b.lr:g}")
+    console.print(stages)
+
+    columns = Table(title="evaluation columns", title_justify="left")
+    for col in ("column", "kind", "source", "items"):
+        columns.add_column(col)
+    eval_size = suite.protocol.eval_size
+    for stage in suite.stages:
+        columns.add_row(stage.name, "stream", escape(stage.task.source),
+                        str(stage.task.eval_size or eval_size))
+    for probe in suite.probes:
+        if probe.task is not None:
+            columns.add_row(probe.name, probe.kind, escape(probe.task.source),
+                            str(probe.task.eval_size or eval_size))
+        else:
+            lm = probe.lm_eval
+            columns.add_row(probe.name, probe.kind, escape(f"lm_eval:{lm.task}"),
+                            str(lm.limit) if lm.limit else "all")
+    console.print(columns)
+    console.print(f"[bold]metrics[/] {', '.join(suite.protocol.metrics)}; decoding "
+                  f"temperature {suite.protocol.decoding.temperature:g}, max new tokens "
+                  f"{suite.protocol.decoding.max_new_tokens}", soft_wrap=True)
+    console.print("[bold]method config[/] " + escape(json.dumps(method_config, default=str)),
+                  soft_wrap=True)
+
+
+@cli.command("run")
+@click.option("--suite", "suite_ref", required=True, metavar="NAME|FILE",
+              help="A named suite (see `clbench list suites`) or a suite file.")
+@click.option("--method", "method_name", required=True, metavar="NAME",
+              help="A method plugin (see `clbench list methods`).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Run directory  [default: runs/<suite>/<method>/s<seed>]")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override: method.X (method config), model.X (model) or any suite field, "
+                   "e.g. --set stages[0].budget.steps=4 (repeatable).")
+@click.option("--resume", is_flag=True, help="Continue a run from its last completed stage.")
+@click.option("--model", "model_name", default=None, metavar="NAME",
+              help="Model to train instead of the suite's default (hub id, path, tiny-*).")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
+              help="Where to train and evaluate.")
+@click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
+def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
+                sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
+                plan_only: bool) -> None:
+    """Benchmark a method on a suite: train stage by stage and fill the accuracy matrix.
+
+    \b
+    Example:
+      clbench run --suite starter --method sdpo --seed 0 --set method.lr=2e-5 \\
+          --set stages[0].budget.steps=4
+    """
+    from clbench import registry
+    from clbench.suites import build_run_spec
+
+    if not _DEVICE.match(device):
+        raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
+    run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
+                         overrides=parse_sets(sets), model=model_name, device=device)
+    config = registry.validate_method_params(run.method.name, run.method.params, where="method")
+    console = stdout_console()
+    print_plan(console, run, config.model_dump(mode="json"))
+    if plan_only:
+        return
+    try:
+        from clbench import protocol
+    except ModuleNotFoundError as exc:
+        if exc.name != "clbench.protocol":
+            raise
+        console.print("[yellow]The plan is valid, but execution is not available in this "
+                      "build of clbench (clbench.protocol is missing).[/]")
+        return
+    protocol.execute(run, resume=resume, console=console)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

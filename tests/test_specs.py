@@ -1,0 +1,248 @@
+"""Suite validation: valid files load, every kind of mistake names the file and the field path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clbench.errors import UserError
+from clbench.specs import SpecError, SuiteSpec
+from clbench.suites import (
+    SuiteNotFoundError,
+    list_suites,
+    load_suite,
+    resolve_suite,
+    validate_suite_plugins,
+)
+
+
+def error_of(path: Path, overrides: tuple[str, ...] = ()) -> str:
+    with pytest.raises(SpecError) as info:
+        load_suite(path, overrides)
+    return str(info.value)
+
+
+def test_valid_suite_loads_with_defaults(write_suite, fake_plugins) -> None:
+    path = write_suite()
+    suite = load_suite(path)
+    assert [s.name for s in suite.stages] == ["add1", "add2"]
+    assert suite.stages[0].task.params == {"level": 1}
+    assert suite.stages[0].task.train_size == 8
+    assert suite.stages[1].task.train_size == 512  # default
+    assert suite.stages[1].budget.samples_per_prompt == 4  # default
+    assert suite.probes[0].kind == "ood"
+    assert suite.protocol.eval_size == 16
+    assert suite.protocol.variants.bwt == "t_minus_1"
+    validate_suite_plugins(suite, path)  # every fake source exists and its params validate
+
+
+def test_spec_error_is_a_user_error() -> None:
+    assert issubclass(SpecError, UserError)
+    assert issubclass(SpecError, ValueError)  # kept for callers that catch ValueError
+
+
+def test_wrong_type_names_file_and_path(write_suite) -> None:
+    path = write_suite("""\
+        name: tiny
+        stages:
+          - name: a
+            task: {source: fake.addition}
+            budget: {steps: many}
+        """)
+    msg = error_of(path)
+    assert msg == f"{path}: stages[0].budget.steps: Input should be a valid integer, unable to " \
+                  "parse string as an integer"
+
+
+def test_unknown_key_is_refused(write_suite) -> None:
+    path = write_suite("""\
+        name: tiny
+        stages:
+          - name: a
+            task: {source: fake.addition}
+            budget: {steps: 1, step_size: 3}
+        """)
+    assert error_of(path) == (f"{path}: stages[0].budget.step_size: unknown field (check the "
+                              "spelling; `clbench schema` lists the fields)")
+
+
+def test_missing_field_is_named(write_suite) -> None:
+    path = write_suite("""\
+        name: tiny
+        stages:
+          - name: a
+            task: {source: fake.addition}
+          - name: b
+            task: {source: fake.addition}
+            budget: {steps: 1}
+        """)
+    assert error_of(path) == f"{path}: stages[0].budget: required field is missing"
+
+
+def test_several_mistakes_are_reported_together(write_suite) -> None:
+    path = write_suite("""\
+        name: Tiny Suite
+        stages:
+          - name: a
+            task: {source: fake.addition, train_size: -1}
+            budget: {steps: 1, top_p: 1.5}
+        """)
+    lines = error_of(path).splitlines()
+    assert [line.split(": ")[1] for line in lines] == [
+        "name", "stages[0].task.train_size", "stages[0].budget.top_p"]
+
+
+def test_duplicate_column_is_refused(write_suite) -> None:
+    path = write_suite("""\
+        name: tiny
+        stages:
+          - name: math
+            task: {source: fake.addition}
+            budget: {steps: 1}
+        probes:
+          - name: math
+            task: {source: fake.addition}
+        """)
+    msg = error_of(path)
+    assert msg.startswith(f"{path}: <root>: Value error, column name 'math' is used twice")
+
+
+def test_probe_needs_exactly_one_source(write_suite) -> None:
+    both = write_suite("""\
+        name: tiny
+        stages:
+          - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
+        probes:
+          - name: p
+            task: {source: fake.addition}
+            lm_eval: {task: mmlu}
+        """)
+    assert error_of(both) == (f"{both}: probes[0]: Value error, give exactly one of `task` or "
+                              "`lm_eval`")
+    bad_kind = write_suite("""\
+        name: tiny
+        stages:
+          - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
+        probes:
+          - {name: p, kind: trivia, task: {source: fake.addition}}
+        """, name="kind.yaml")
+    assert error_of(bad_kind) == (f"{bad_kind}: probes[0].kind: Input should be 'ood' or "
+                                  "'general'")
+
+
+def test_python_tag_is_refused_and_never_runs(write_suite, tmp_path) -> None:
+    marker = tmp_path / "pwned"
+    path = write_suite(f"""\
+        name: !!python/object/apply:os.system ["touch {marker}"]
+        stages: []
+        """)
+    msg = error_of(path)
+    assert msg.startswith(f"{path}: not valid YAML")
+    assert "python/object/apply:os.system" in msg
+    assert not marker.exists()
+
+
+def test_duplicate_yaml_key_is_refused(write_suite) -> None:
+    path = write_suite("""\
+        name: tiny
+        name: other
+        stages: []
+        """)
+    assert "duplicate key 'name'" in error_of(path)
+
+
+def test_top_level_must_be_a_mapping(write_suite) -> None:
+    path = write_suite("- just\n- a list\n")
+    assert error_of(path) == f"{path}: expected a mapping of suite fields at the top level, got list"
+
+
+def test_newer_suite_schema_version_is_refused(write_suite) -> None:
+    path = write_suite("""\
+        schema_version: 2
+        name: tiny
+        stages:
+          - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
+        """)
+    assert error_of(path) == (f"{path}: schema_version: Value error, this clbench reads suite "
+                              "schema_version 1")
+
+
+def test_plugin_params_are_validated_with_their_path(write_suite, fake_plugins) -> None:
+    path = write_suite("""\
+        name: tiny
+        stages:
+          - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
+          - {name: b, task: {source: fake.addition, params: {level: 9}}, budget: {steps: 1}}
+        probes:
+          - {name: p, task: {source: fake.addition, params: {colour: red}}}
+          - {name: q, task: {source: fake.additon}}
+        """)
+    suite = load_suite(path)  # the fields are fine; only the plugins can tell what is wrong
+    with pytest.raises(SpecError) as info:
+        validate_suite_plugins(suite, path)
+    lines = str(info.value).splitlines()
+    assert lines[0] == (f"{path}: stages[1].task.params.level: Input should be less than or "
+                        "equal to 3")
+    assert lines[1].startswith(f"{path}: probes[0].task.params.colour: unknown field")
+    assert lines[2].startswith(f"{path}: probes[1].task.source: unknown task source "
+                               "'fake.additon'. Did you mean 'fake.addition'?")
+    assert len(lines) == 3
+
+
+def test_missing_lm_eval_include_path_is_reported(write_suite, fake_plugins) -> None:
+    path = write_suite("""\
+        name: tiny
+        stages:
+          - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
+        probes:
+          - {name: g, kind: general, lm_eval: {task: mini, include_path: lmeval_tasks}}
+        """)
+    suite = load_suite(path)
+    with pytest.raises(SpecError, match=r"probes\[0\]\.lm_eval\.include_path: folder .*"
+                                        r"lmeval_tasks does not exist"):
+        validate_suite_plugins(suite, path)
+    (path.parent / "lmeval_tasks").mkdir()
+    validate_suite_plugins(suite, path)  # resolved against the suite's folder
+
+
+def test_content_hash_ignores_key_order_and_sees_content(write_suite) -> None:
+    a = load_suite(write_suite("name: t\nstages: [{name: a, budget: {steps: 1, lr: 0.1}, "
+                               "task: {source: s}}]\n", name="a.yaml"))
+    b = load_suite(write_suite("stages: [{task: {source: s}, name: a, budget: {lr: 0.1, "
+                               "steps: 1}}]\nname: t\n", name="b.yaml"))
+    c = load_suite(write_suite("name: t\nstages: [{name: a, budget: {steps: 2, lr: 0.1}, "
+                               "task: {source: s}}]\n", name="c.yaml"))
+    assert a.content_hash() == b.content_hash()
+    assert a.content_hash() != c.content_hash()
+    assert a.content_hash().startswith("sha256:") and len(a.content_hash()) == 7 + 64
+
+
+def test_suite_found_by_name_through_the_search_path(write_suite, monkeypatch) -> None:
+    path = write_suite(name="mine.yaml")
+    monkeypatch.setenv("CLBENCH_SUITE_PATH", str(path.parent))
+    assert resolve_suite("mine") == path
+    assert load_suite("mine").name == "tiny"
+    infos = {s.name: s for s in list_suites()}
+    assert infos["mine"].description == "Two fake stages and one probe."
+    assert infos["mine"].path == path
+
+
+def test_unknown_suite_name_suggests_close_names(write_suite, monkeypatch) -> None:
+    path = write_suite(name="starter-mini.yaml")
+    monkeypatch.setenv("CLBENCH_SUITE_PATH", str(path.parent))
+    with pytest.raises(SuiteNotFoundError) as info:
+        resolve_suite("starter-mnii")
+    assert "unknown suite 'starter-mnii'. Did you mean 'starter-mini'?" in str(info.value)
+    with pytest.raises(SuiteNotFoundError, match="no such suite file"):
+        resolve_suite(str(path.parent / "absent.yaml"))
+
+
+def test_schema_describes_every_field() -> None:
+    schema = SuiteSpec.model_json_schema()
+    budget = schema["$defs"]["Budget"]["properties"]
+    assert budget["steps"]["description"] == "Optimizer steps in the stage."
+    undocumented = [f"{name}.{field}" for name, d in schema["$defs"].items()
+                    for field, prop in d.get("properties", {}).items()
+                    if "description" not in prop and name not in ("RunSpec",)]
+    assert undocumented == []
