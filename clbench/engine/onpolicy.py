@@ -1,0 +1,261 @@
+"""The on-policy training loop every on-policy method shares; methods plug in an objective.
+
+One stage = `budget.steps` optimizer steps. Every `inner_updates` steps a fresh batch is built:
+1. pick `prompts_per_step` training items (:func:`clbench.engine.optim.step_examples`);
+2. sample `samples_per_prompt` rollouts of each (:class:`clbench.engine.rollout.Generator`);
+3. grade every rollout with the stage's task -> reward, correct, feedback;
+4. score: old log-probs (only when several updates reuse a batch; with one update the ratio is
+   exactly 1 and the current log-probs, detached, serve) and the objective's `prepare` (GRPO:
+   advantages and reference log-probs; SDPO: teacher contexts and teacher scores);
+5. one optimizer step per update: the objective's loss on micro-batches, backward, clip, AdamW.
+
+The objective (:class:`Objective`) sees the batch and returns a loss; everything else (sampling,
+grading, counters, per-phase wall time, per-step records, lr schedule) lives here, so methods
+differ in their objective and teacher, not in plumbing.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from clbench.engine.api import StageReport
+from clbench.engine.logprobs import TokenLogprobs, completion_logprobs, pack_batch
+from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
+                                  build_scheduler, clip_gradients, stage_lr, step_examples)
+from clbench.engine.rollout import Generator, HFGenerator, Rollout, SamplingParams
+from clbench.tasks.base import Example, Grade
+
+if TYPE_CHECKING:
+    from clbench.engine.api import StageContext
+
+
+@dataclass
+class RolloutBatch:
+    """The rollouts of one batch, prompt-major: rows g*n .. g*n+n-1 are prompt g's samples."""
+
+    step: int                       # first optimizer step that uses this batch
+    examples: list[Example]         # one per prompt
+    rollouts: list[Rollout]
+    grades: list[Grade]
+    group_size: int                 # samples per prompt (n)
+    rewards: torch.Tensor           # [N] float32
+    completion_mask: torch.Tensor   # [N, T] bool (T = longest completion of the batch)
+    temperature: float              # the sampler's temperature, used when scoring
+    old_logprobs: torch.Tensor | None = None  # [N, T]; None when each batch gets one update
+    extra: dict[str, Any] = field(default_factory=dict)  # what the objective prepares
+
+    @property
+    def size(self) -> int:
+        return len(self.rollouts)
+
+    @property
+    def length(self) -> int:
+        return int(self.completion_mask.shape[1])
+
+    def example_of(self, row: int) -> Example:
+        return self.examples[row // self.group_size]
+
+    def prompt_ids(self, rows: range | None = None) -> list[list[int]]:
+        rows = rows if rows is not None else range(self.size)
+        return [self.rollouts[i].prompt_ids for i in rows]
+
+    def completion_ids(self, rows: range | None = None) -> list[list[int]]:
+        rows = rows if rows is not None else range(self.size)
+        return [self.rollouts[i].completion_ids for i in rows]
+
+    def groups_with_signal(self) -> float:
+        """Fraction of prompts whose samples do not all have the same reward."""
+        grouped = self.rewards.view(-1, self.group_size)
+        return float((grouped.max(dim=1).values > grouped.min(dim=1).values).float().mean())
+
+    def score(self, model: torch.nn.Module, rows: range, grad: bool,
+              chunk_size: int = 128) -> TokenLogprobs:
+        """Log-probs of rows' completions under their own prompts, padded to the batch's T."""
+        scored = completion_logprobs(model, self.prompt_ids(rows), self.completion_ids(rows),
+                                     grad=grad, temperature=self.temperature,
+                                     chunk_size=chunk_size)
+        return TokenLogprobs(pad_to(scored.logprobs, self.length),
+                             pad_to(scored.mask, self.length))
+
+    def old_or_detached(self, rows: range, current: torch.Tensor) -> torch.Tensor:
+        """The sampling policy's log-probs of `rows` (the current ones, detached, on the first
+        and only update of a batch, where they are equal by definition)."""
+        if self.old_logprobs is None:
+            return current.detach()
+        return self.old_logprobs[rows.start:rows.stop].to(current.device)
+
+
+def pad_to(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """Right-pad (or cut) the second dimension of a [B, T, ...] tensor to `length` with zeros."""
+    if tensor.shape[1] == length:
+        return tensor
+    if tensor.shape[1] > length:
+        return tensor[:, :length]
+    shape = (tensor.shape[0], length - tensor.shape[1]) + tuple(tensor.shape[2:])
+    return torch.cat([tensor, tensor.new_zeros(shape)], dim=1)
+
+
+class Objective(ABC):
+    """What an on-policy method adds to the shared loop: a loss (and optionally a teacher)."""
+
+    def on_stage_start(self, trainer: OnPolicyTrainer) -> None:
+        """Called once before the first step (e.g. copy a reference or teacher model)."""
+
+    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
+        """No-grad work on a fresh batch (advantages, teacher scores); stores into `batch.extra`.
+        Returns statistics logged with the step(s) that use this batch."""
+        return {}
+
+    @abstractmethod
+    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss of `rows` of the batch, scaled so that summing it over the batch's micro-batches
+        gives the batch loss (e.g. a token mean with the whole batch's token count), and
+        statistics to be summed over micro-batches."""
+
+    @abstractmethod
+    def supervised_tokens(self, batch: RolloutBatch) -> int:
+        """Number of completion tokens that receive a learning signal (for the counters)."""
+
+    def after_step(self, trainer: OnPolicyTrainer, step: int) -> dict[str, float]:
+        """Called after each optimizer step (e.g. an EMA teacher update)."""
+        return {}
+
+    def on_stage_end(self, trainer: OnPolicyTrainer, report: StageReport) -> None:
+        """Called once after the last step (e.g. summarise teacher statistics into the report)."""
+
+
+class OnPolicyTrainer:
+    """Runs one stage of an on-policy method: see the module docstring."""
+
+    def __init__(self, ctx: StageContext, objective: Objective, settings: OptimizerSettings, *,
+                 inner_updates: int = 1, micro_batch_size: int | None = None,
+                 generation_batch_size: int | None = None, stop: tuple[str, ...] = (),
+                 generator: Generator | None = None, chunk_size: int = 128) -> None:
+        if inner_updates < 1:
+            raise ValueError(f"inner_updates must be >= 1, got {inner_updates}")
+        self.ctx = ctx
+        self.model = ctx.model
+        self.objective = objective
+        self.settings = settings
+        self.inner_updates = inner_updates
+        self.micro_batch_size = micro_batch_size
+        self.chunk_size = chunk_size
+        self.stop = stop
+        budget = ctx.budget
+        rollouts_per_batch = budget.prompts_per_step * budget.samples_per_prompt
+        self.generator = generator or HFGenerator(
+            ctx.model, ctx.tokenizer, batch_size=generation_batch_size or rollouts_per_batch)
+        self.lr = stage_lr(settings, budget)
+        self.clock = PhaseClock()
+        self.counters = Counters()
+        self.optimizer = build_optimizer(self.model, settings, self.lr)
+        self.scheduler = build_scheduler(self.optimizer, settings, budget.steps)
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Sample, grade and score a fresh batch for optimizer step `step`."""
+        ctx, budget = self.ctx, self.ctx.budget
+        examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed)
+        params = SamplingParams.from_budget(budget, seed=_mix(ctx.seed, step), stop=self.stop)
+        with self.clock.phase("generate"):
+            rollouts = self.generator.generate([e.messages for e in examples], params)
+        with self.clock.phase("grade"):
+            grades = [ctx.task.grade(examples[r.prompt_index], r.text) for r in rollouts]
+        device = next(self.model.parameters()).device
+        mask = pack_batch([r.prompt_ids for r in rollouts],
+                          [r.completion_ids for r in rollouts]).completion_mask.to(device)
+        batch = RolloutBatch(
+            step=step, examples=examples, rollouts=rollouts, grades=grades,
+            group_size=budget.samples_per_prompt,
+            rewards=torch.tensor([g.reward for g in grades], dtype=torch.float32, device=device),
+            completion_mask=mask,
+            temperature=budget.temperature if budget.temperature > 0 else 1.0)
+        self.counters.add("generated_tokens", sum(r.num_tokens for r in rollouts))
+        self.counters.add("rollouts", len(rollouts))
+        self.counters.add("prompts", len(examples))
+        with self.clock.phase("score"):
+            if self.inner_updates > 1:
+                parts = [batch.score(self.model, rows, grad=False, chunk_size=self.chunk_size)
+                         .logprobs for rows in self.micro_batches(batch)]
+                batch.old_logprobs = torch.cat(parts)
+            stats = self.objective.prepare(batch, self)
+        return batch, stats
+
+    def micro_batches(self, batch: RolloutBatch) -> list[range]:
+        size = self.micro_batch_size or batch.size
+        return [range(s, min(s + size, batch.size)) for s in range(0, batch.size, size)]
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """One optimizer step on `batch`; returns loss, gradient norm, lr and objective stats."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
+        sums: dict[str, float] = {}
+        with self.clock.phase("backward"):
+            for rows in self.micro_batches(batch):
+                loss, stats = self.objective.loss(batch, rows, self)
+                loss.backward()
+                total_loss += float(loss.detach())
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        with self.clock.phase("step"):
+            grad_norm = clip_gradients(self.model, self.settings.max_grad_norm)
+            lr = self.optimizer.param_groups[0]["lr"]
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        self.counters.add("trained_tokens", self.objective.supervised_tokens(batch))
+        self.counters.add("optimizer_steps", 1)
+        return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, **sums}
+
+    # -- the stage -----------------------------------------------------------------------------
+
+    def run(self) -> StageReport:
+        """All optimizer steps of the stage; per-step records go to `ctx.log_step` too."""
+        report = StageReport()
+        self.objective.on_stage_start(self)
+        batch: RolloutBatch | None = None
+        batch_stats: dict[str, float] = {}
+        for step in range(self.ctx.budget.steps):
+            started = time.perf_counter()
+            if step % self.inner_updates == 0:
+                batch, batch_stats = self.collect(step)
+            assert batch is not None
+            record: dict[str, Any] = {"step": step + 1, **self.update(batch)}
+            record.update(batch_summary(batch))
+            record.update(batch_stats)
+            record.update(self.objective.after_step(self, step))
+            record["seconds"] = time.perf_counter() - started
+            report.steps.append(record)
+            self.ctx.log_step(record)
+        report.counters = dict(self.counters.values)
+        report.wall_time = self.clock.snapshot()
+        report.extra["lr"] = self.lr
+        self.objective.on_stage_end(self, report)
+        return report
+
+
+def batch_summary(batch: RolloutBatch) -> dict[str, float]:
+    """Reward, correctness, signal and length statistics of a batch (logged every step)."""
+    lengths = [r.num_tokens for r in batch.rollouts]
+    return {
+        "reward_mean": float(batch.rewards.mean()),
+        "reward_std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
+        "correct_rate": sum(g.correct for g in batch.grades) / batch.size,
+        "groups_with_signal": batch.groups_with_signal(),
+        "completion_tokens_mean": sum(lengths) / len(lengths),
+        "finished_rate": sum(r.finished for r in batch.rollouts) / batch.size,
+    }
+
+
+def _mix(seed: int, step: int) -> int:
+    """A sampling seed per (run seed, step); different steps never share a seed."""
+    return (seed * 2_654_435_761 + step * 40_503 + 1) % (2**31 - 1)

@@ -1,0 +1,151 @@
+"""What every method's training loop shares: optimizer settings, schedule, clipping, bookkeeping.
+
+- :class:`OptimizerSettings`: the optimizer fields of a method config (lr, weight decay, grad clip,
+  warmup, schedule), with descriptions; method configs inherit it so the knobs read the same.
+- :func:`build_optimizer`, :func:`build_scheduler`, :func:`clip_gradients`, :func:`stage_lr`.
+- :func:`step_examples`: which training items each optimizer step uses (seeded, cycling).
+- :class:`PhaseClock` and :class:`Counters`: wall time per phase and token counts of a stage.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from pydantic import Field
+
+from clbench.engine.api import MethodConfig
+from clbench.tasks.base import seeded_rng
+
+if TYPE_CHECKING:
+    import torch
+
+    from clbench.specs import Budget
+
+T = TypeVar("T")
+
+
+class OptimizerSettings(MethodConfig):
+    """Optimizer fields shared by every built-in method (AdamW)."""
+
+    lr: float = Field(default=1e-5, gt=0.0, description="Peak learning rate. A stage budget's "
+                      "`lr` overrides it.")
+    weight_decay: float = Field(default=0.01, ge=0.0, description="AdamW decoupled weight decay "
+                                "(not applied to biases and norm weights).")
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Clip the global "
+                                        "gradient norm to this value; null disables clipping.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps from 0 to `lr`.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        default="constant", description="Learning rate after warm-up: constant, linear decay "
+        "to 0, or cosine decay to 0 over the stage.")
+    adam_betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(default=1e-8, gt=0.0, description="AdamW epsilon.")
+
+
+def stage_lr(settings: OptimizerSettings, budget: Budget) -> float:
+    """The stage budget's `lr` when set, else the method's."""
+    return budget.lr if budget.lr is not None else settings.lr
+
+
+def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, lr: float
+                    ) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; no decay on 1-D tensors (biases, norm weights)."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": settings.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    # foreach=False keeps CPU updates bit-identical across runs and cheap in peak memory.
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr,
+                             betas=settings.adam_betas, eps=settings.adam_eps, foreach=False)
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
+    """Multiplier of the peak lr before optimizer step `step` (0-based)."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(total_steps - warmup_steps, 1)
+    progress = min(max(step - warmup_steps, 0) / span, 1.0)
+    if schedule == "linear":
+        return 1.0 - progress
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr schedule {schedule!r}")
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, settings: OptimizerSettings,
+                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """A per-step schedule: warm-up then constant / linear / cosine (see :func:`lr_factor`)."""
+    import torch
+
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, settings.warmup_steps, settings.lr_schedule))
+
+
+def clip_gradients(model: torch.nn.Module, max_norm: float | None) -> float:
+    """Clip the global gradient norm (when `max_norm` is set); return the norm before clipping."""
+    import torch
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    if max_norm is None:
+        norms = torch.stack([p.grad.detach().float().norm() for p in params])
+        return float(norms.norm())
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+def step_examples(items: Sequence[T], per_step: int, step: int, seed: int) -> list[T]:
+    """The `per_step` items of optimizer step `step` (0-based).
+
+    Items are visited epoch by epoch, each epoch in its own seeded order, so every item is used
+    once before any repeats; the same (items, per_step, step, seed) always gives the same list.
+    """
+    if not items:
+        raise ValueError("the stage has no training items")
+    n = len(items)
+    out: list[T] = []
+    for position in range(step * per_step, (step + 1) * per_step):
+        epoch, offset = divmod(position, n)
+        order = list(range(n))
+        seeded_rng("step_examples", seed, epoch).shuffle(order)
+        out.append(items[order[offset]])
+    return out
+
+
+@dataclass
+class PhaseClock:
+    """Seconds spent per named phase, summed over a stage."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.seconds)
+
+
+@dataclass
+class Counters:
+    """Token and item counts of a stage; methods add what they spend."""
+
+    values: dict[str, int] = field(default_factory=lambda: {
+        "generated_tokens": 0, "trained_tokens": 0, "teacher_tokens": 0, "rollouts": 0,
+        "prompts": 0, "optimizer_steps": 0})
+
+    def add(self, name: str, amount: int) -> None:
+        self.values[name] = self.values.get(name, 0) + int(amount)

@@ -1,0 +1,116 @@
+"""GRPO: group-relative policy optimisation, as the paper's reference baseline runs it.
+
+Per prompt, n rollouts are graded; each rollout's advantage is r - mean(group) (Dr.GRPO style; std
+normalisation optional). Every completion token gets the clipped surrogate
+-min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) with rho = p_new / p_old (dual clip optional),
+plus, when beta > 0, beta times the k3 estimate of KL to the model as it was at the stage's start.
+The loss is a token mean over the batch. Loss math: :mod:`clbench.engine.losses`; plumbing:
+:mod:`clbench.engine.onpolicy`.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import ClassVar
+
+import torch
+from pydantic import Field
+
+from clbench.engine.api import Method, StageContext, StageReport
+from clbench.engine.losses import clipped_surrogate, group_advantages, kl_to_reference, token_mean
+from clbench.engine.onpolicy import Objective, OnPolicyTrainer, RolloutBatch
+from clbench.engine.optim import OptimizerSettings
+
+
+class GRPOConfig(OptimizerSettings):
+    """GRPO settings. Defaults follow the paper's reference baseline."""
+
+    lr: float = Field(default=1e-6, gt=0.0, description="Peak learning rate (reference: 1e-6; "
+                      "its sweeps go to 1e-5). A stage budget's `lr` overrides it.")
+    scale_rewards: bool = Field(default=False, description="Divide advantages by the group's "
+                                "reward std (original GRPO); off as in the reference (Dr.GRPO).")
+    eps_low: float = Field(default=0.2, ge=0.0, lt=1.0, description="Lower clip range of the "
+                           "probability ratio: rho >= 1 - eps_low.")
+    eps_high: float = Field(default=0.28, ge=0.0, description="Upper clip range of the "
+                            "probability ratio: rho <= 1 + eps_high (clip-higher).")
+    dual_clip: float | None = Field(default=None, gt=1.0, description="Dual-clip constant c: "
+                                    "caps the loss of negative-advantage tokens at -c A "
+                                    "(reference: 3.0; matters only with inner_updates > 1).")
+    beta: float = Field(default=0.0, ge=0.0, description="Weight of the KL penalty to the model "
+                        "as it was at the start of the stage (k3 estimator); 0 disables it and "
+                        "skips the reference model.")
+    inner_updates: int = Field(default=1, ge=1, description="Optimizer steps per generated batch; "
+                               "1 makes the ratio exactly 1 at every update.")
+    micro_batch_size: int | None = Field(default=None, ge=1, description="Rollouts per forward/"
+                                         "backward pass (gradient accumulation); all at once "
+                                         "when unset.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings for the "
+                            "training rollouts (EOS always stops).")
+
+
+class GRPOObjective(Objective):
+    """Clipped surrogate on group-relative advantages, optional KL to the stage's start model."""
+
+    def __init__(self, config: GRPOConfig) -> None:
+        self.config = config
+        self.reference: torch.nn.Module | None = None
+
+    def on_stage_start(self, trainer: OnPolicyTrainer) -> None:
+        if self.config.beta > 0:
+            self.reference = copy.deepcopy(trainer.model).eval()
+            self.reference.requires_grad_(False)
+
+    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
+        advantages = group_advantages(batch.rewards, batch.group_size,
+                                      scale_std=self.config.scale_rewards)
+        batch.extra["advantages"] = advantages
+        batch.extra["normalizer"] = int(batch.completion_mask.sum())
+        if self.reference is not None:
+            parts = [batch.score(self.reference, rows, grad=False,
+                                 chunk_size=trainer.chunk_size).logprobs
+                     for rows in trainer.micro_batches(batch)]
+            batch.extra["ref_logprobs"] = torch.cat(parts)
+        with_signal = (advantages != 0).float().unsqueeze(1) * batch.completion_mask
+        total = max(int(batch.completion_mask.sum()), 1)
+        return {"supervised_token_fraction": float(with_signal.sum()) / total,
+                "advantage_abs_mean": float(advantages.abs().mean())}
+
+    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        current = batch.score(trainer.model, rows, grad=True, chunk_size=trainer.chunk_size)
+        mask = current.mask
+        old = batch.old_or_detached(rows, current.logprobs)
+        adv = batch.extra["advantages"][rows.start:rows.stop]
+        per_token = clipped_surrogate(current.logprobs, old, adv, mask, eps_low=cfg.eps_low,
+                                      eps_high=cfg.eps_high, dual_clip=cfg.dual_clip)
+        normalizer = batch.extra["normalizer"]
+        stats: dict[str, float] = {}
+        if self.reference is not None:
+            ref = batch.extra["ref_logprobs"][rows.start:rows.stop]
+            kl = kl_to_reference(current.logprobs, ref) * mask
+            per_token = per_token + cfg.beta * kl
+            stats["kl_to_start"] = float(token_mean(kl.detach(), mask, normalizer))
+        ratio = torch.exp((current.logprobs.detach() - old).clamp(-20, 20))
+        clipped = ((ratio < 1 - cfg.eps_low) | (ratio > 1 + cfg.eps_high)) & mask
+        stats["clip_fraction"] = float(clipped.sum()) / max(normalizer, 1)
+        return token_mean(per_token, mask, normalizer), stats
+
+    def supervised_tokens(self, batch: RolloutBatch) -> int:
+        return int(batch.completion_mask.sum())
+
+
+class GRPO(Method):
+    """Group-relative policy optimisation with a clipped surrogate (the paper's baseline)."""
+
+    name: ClassVar[str] = "grpo"
+    description: ClassVar[str] = ("GRPO: group-relative advantages r - mean(group), clipped "
+                                  "surrogate 0.2/0.28, optional KL to the stage's start model")
+    Config: ClassVar[type[GRPOConfig]] = GRPOConfig
+    config: GRPOConfig
+
+    def train_stage(self, ctx: StageContext) -> StageReport:
+        cfg = self.config
+        trainer = OnPolicyTrainer(ctx, GRPOObjective(cfg), cfg, inner_updates=cfg.inner_updates,
+                                  micro_batch_size=cfg.micro_batch_size, stop=tuple(cfg.stop))
+        return trainer.run()
