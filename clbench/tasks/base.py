@@ -11,9 +11,11 @@ import hashlib
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from clbench.errors import UserError
 
 Split = Literal["train", "eval"]
 Messages = list[dict[str, str]]
@@ -131,3 +133,34 @@ def one_shot(system: str | None, demo_user: str, demo_assistant: str, user: str)
              {"role": "assistant", "content": demo_assistant},
              {"role": "user", "content": user}]
     return msgs
+
+
+def draw_distinct(make: Callable[[random.Random], tuple[str, Any]], split: Split, size: int,
+                  rng: random.Random, eval_fraction: float = 0.2,
+                  exclude: frozenset[str] = frozenset(), what: str = "items") -> list[Any]:
+    """Draw `size` distinct items of `split` from a generator of `(canonical key, item)` pairs.
+
+    An item belongs to the split that :func:`split_of` assigns to its key, so train and eval are
+    disjoint whatever the seed or size; keys in `exclude` (e.g. the prompt's worked example) are
+    never drawn. Raises :class:`TaskSizeError` when the generator's space is too small.
+    """
+    out: list[Any] = []
+    seen: set[str] = set()
+    attempts = 0
+    max_attempts = 200 * size + 2000
+    while len(out) < size:
+        if attempts >= max_attempts:
+            raise TaskSizeError(
+                f"only {len(out)} distinct {split} {what} found, {size} requested: the task's "
+                "item space is too small for this size; lower the size or widen the parameters")
+        attempts += 1
+        key, item = make(rng)
+        if key in seen or key in exclude or split_of(key, eval_fraction) != split:
+            continue
+        seen.add(key)
+        out.append(item)
+    return out
+
+
+class TaskSizeError(UserError):
+    """More items were requested than a task's parameters can produce."""

@@ -1,0 +1,410 @@
+"""Math task sources: offline procedural families and hub adapters, all graded on `\\boxed{}`.
+
+Offline families (exact integer answers, difficulty set by parameters):
+- `math.arithmetic`: expressions with a chosen number of operands, digits and operators;
+- `math.word_problems`: one- or multi-step stories over everyday quantities;
+- `math.linear_equations`: solve for x, from one-step to unknowns on both sides.
+Each prompt holds one worked example exchange (small models follow the format only then), drawn
+from the same family and excluded from both splits. Distribution-shifted variants for OOD probes
+are other parameters of the same families (more digits, more steps, another family); see
+docs/tasks.md.
+
+Hub adapters: `openai/gsm8k`, `HuggingFaceH4/MATH-500`, `BytedTsinghua-SIA/DAPO-Math-17k`,
+`math-ai/aime24`, `math-ai/aime25`, with the paper's zero-shot prompt.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from clbench.tasks.base import (Example, Grade, Messages, Split, TaskParams, TaskSource,
+                                default_answer_start, draw_distinct, one_shot, seeded_rng)
+from clbench.tasks.grading import extract_boxed, math_equivalent, quote
+from clbench.tasks.hub import HubItem, HubSource, stable_key
+
+BOXED_INSTRUCTION = "Put the final answer in \\boxed{}."
+PAPER_MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+NO_BOXED_FEEDBACK = "No final answer in \\boxed{} found."
+
+
+def grade_boxed(gold: str, completion: str, reveal: bool = False) -> Grade:
+    """Binary reward: the last `\\boxed{}` equals `gold` exactly or by math_verify."""
+    pred = extract_boxed(completion)
+    if pred is None or not pred.strip():
+        return Grade(0.0, False, NO_BOXED_FEEDBACK)
+    if math_equivalent(pred, str(gold)):
+        return Grade(1.0, True, None)
+    feedback = f"Your answer {quote(pred)} is wrong."
+    if reveal:
+        feedback += f" The correct answer is {gold}."
+    return Grade(0.0, False, feedback)
+
+
+def boxed_answer_start(completion: str) -> int:
+    """Answer part of a math response: after `</think>`, else the line holding the last box."""
+    if "</think>" in completion:
+        return default_answer_start(completion)
+    box = completion.rfind("\\boxed")
+    if box < 0:
+        return default_answer_start(completion)
+    return completion.rfind("\n", 0, box) + 1
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A generated problem: canonical key, question text, worked solution lines, answer."""
+
+    key: str
+    question: str
+    steps: tuple[str, ...]
+    answer: int
+
+    @property
+    def reference(self) -> str:
+        return "\n".join(self.steps) + f"\n\\boxed{{{self.answer}}}"
+
+
+class ProceduralParams(TaskParams):
+    """Options every offline math family shares."""
+
+    eval_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="Share of the item "
+                                 "space reserved for evaluation (assigned by a hash of the item).")
+    reveal_answer_in_feedback: bool = Field(default=False, description="Let the grader's "
+                                            "feedback state the gold answer.")
+
+
+class ProceduralMath(TaskSource):
+    """Shared machinery: seeded generation, split by item hash, one worked example, boxed grading."""
+
+    domain = "math"
+    params: Any
+
+    def generate(self, rng: random.Random) -> Problem:
+        """One random problem of this family under `self.params`."""
+        raise NotImplementedError
+
+    def demo(self) -> Problem:
+        """The worked example shown before every question (same for all items)."""
+        return self.generate(seeded_rng(self.name, self.params.model_dump_json(), "demo"))
+
+    def prompt(self, problem: Problem) -> str:
+        return f"{problem.question} {BOXED_INSTRUCTION}"
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        demo = self.demo()
+        rng = seeded_rng(self.name, self.params.model_dump_json(), split, seed)
+
+        def make(r: random.Random) -> tuple[str, Problem]:
+            p = self.generate(r)
+            return p.key, p
+
+        problems = draw_distinct(make, split, size, rng, self.params.eval_fraction,
+                                 exclude=frozenset([demo.key]), what=f"{self.name} problems")
+        out = []
+        for p in problems:
+            messages = one_shot(None, self.prompt(demo), demo.reference, self.prompt(p))
+            out.append(Example(id=f"{self.name}:{p.key}", messages=messages,
+                               reference=p.reference, answer=str(p.answer),
+                               metadata={"family": self.name, "key": p.key}))
+        return out
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return grade_boxed(example.answer, completion, self.params.reveal_answer_in_feedback)
+
+    def answer_start(self, completion: str) -> int:
+        return boxed_answer_start(completion)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arithmetic
+# ---------------------------------------------------------------------------------------------
+
+class ArithmeticParams(ProceduralParams):
+    digits: int = Field(default=2, ge=1, le=12, description="Digits of every operand.")
+    operands: int = Field(default=2, ge=2, le=6, description="Number of operands.")
+    operators: str = Field(default="+", pattern=r"^[+\-*]+$", description="Operators drawn "
+                           "from, e.g. `+`, `+-`, `+-*` (usual precedence applies).")
+
+
+class Arithmetic(ProceduralMath):
+    name = "math.arithmetic"
+    description = "Integer arithmetic expressions; difficulty by digits, operands and operators."
+    Params = ArithmeticParams
+    params: ArithmeticParams
+
+    def generate(self, rng: random.Random) -> Problem:
+        p = self.params
+        lo, hi = 10 ** (p.digits - 1) if p.digits > 1 else 0, 10 ** p.digits - 1
+        nums = [rng.randint(max(lo, 1), hi) for _ in range(p.operands)]
+        ops = [rng.choice(p.operators) for _ in range(p.operands - 1)]
+        expr = str(nums[0]) + "".join(f" {o} {n}" for o, n in zip(ops, nums[1:]))
+        value = _evaluate(nums, ops)
+        shown = expr.replace("*", "×")
+        return Problem(key=expr.replace(" ", ""), question=f"What is {shown}?",
+                       steps=(f"{shown} = {value}.",), answer=value)
+
+
+def _evaluate(nums: list[int], ops: list[str]) -> int:
+    """Value of `n0 o0 n1 o1 ...` with `*` binding tighter than `+`/`-`."""
+    terms, signs = [nums[0]], [1]
+    for op, n in zip(ops, nums[1:]):
+        if op == "*":
+            terms[-1] *= n
+        else:
+            terms.append(n)
+            signs.append(1 if op == "+" else -1)
+    return sum(s * t for s, t in zip(signs, terms))
+
+
+# ---------------------------------------------------------------------------------------------
+# Word problems
+# ---------------------------------------------------------------------------------------------
+
+_NAMES = ["Ava", "Ben", "Chloe", "Diego", "Emma", "Farah", "George", "Hana", "Ivan", "Julia",
+          "Kofi", "Lena", "Mateo", "Nora", "Omar", "Priya", "Quinn", "Rosa", "Sam", "Tara"]
+_THINGS = ["apples", "marbles", "stickers", "books", "pencils", "cookies", "stamps", "shells",
+           "cards", "beads", "coins", "balloons"]
+
+
+class WordProblemParams(ProceduralParams):
+    steps: int = Field(default=1, ge=1, le=4, description="Number of arithmetic steps.")
+    max_value: int = Field(default=30, ge=5, le=10_000, description="Largest number in a story.")
+
+
+class WordProblems(ProceduralMath):
+    name = "math.word_problems"
+    description = "Everyday stories needing one to four arithmetic steps."
+    Params = WordProblemParams
+    params: WordProblemParams
+
+    def generate(self, rng: random.Random) -> Problem:
+        p = self.params
+        name, thing = rng.choice(_NAMES), rng.choice(_THINGS)
+        if p.steps == 1:
+            return self._one_step(rng, name, thing)
+        total = rng.randint(2, p.max_value)
+        sentences = [f"{name} has {total} {thing}."]
+        steps, key = [], [str(total)]
+        for _ in range(p.steps):
+            kind = rng.choice("+-*" if total <= p.max_value else "+-")
+            if kind == "-" and total < 2:
+                kind = "+"
+            if kind == "+":
+                n = rng.randint(1, p.max_value)
+                sentences.append(rng.choice([f"Then {name} buys {n} more.",
+                                             f"Then {name} finds {n} more."]))
+                steps.append(f"{total} + {n} = {total + n}.")
+                total += n
+            elif kind == "-":
+                n = rng.randint(1, total - 1)
+                sentences.append(f"Then {name} gives {n} to a friend.")
+                steps.append(f"{total} - {n} = {total - n}.")
+                total -= n
+            else:
+                n = rng.choice([2, 3])
+                sentences.append(f"Then the number of {thing} {'doubles' if n == 2 else 'triples'}.")
+                steps.append(f"{total} × {n} = {total * n}.")
+                total *= n
+            key.append(f"{kind}{n}")
+        sentences.append(f"How many {thing} does {name} have now?")
+        return Problem(key="ws:" + ",".join(key), question=" ".join(sentences),
+                       steps=tuple(steps), answer=total)
+
+    def _one_step(self, rng: random.Random, name: str, thing: str) -> Problem:
+        m = self.params.max_value
+        kind = rng.choice("+-*/")
+        a, b = rng.randint(2, m), rng.randint(2, m)
+        if kind == "+":
+            q = f"{name} has {a} {thing} and buys {b} more. How many {thing} does {name} have now?"
+            return Problem(f"w1:{a}+{b}", q, (f"{a} + {b} = {a + b}.",), a + b)
+        if kind == "-":
+            a, b = max(a, b) + 1, min(a, b)
+            q = f"{name} had {a} {thing} and gave {b} to a friend. How many {thing} are left?"
+            return Problem(f"w1:{a}-{b}", q, (f"{a} - {b} = {a - b}.",), a - b)
+        if kind == "*":
+            q = f"Each bag holds {a} {thing}. How many {thing} are in {b} bags?"
+            return Problem(f"w1:{a}*{b}", q, (f"{a} × {b} = {a * b}.",), a * b)
+        q = (f"{name} shares {a * b} {thing} equally among {b} friends. How many {thing} does "
+             "each friend get?")
+        return Problem(f"w1:{a * b}/{b}", q, (f"{a * b} ÷ {b} = {a}.",), a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear equations
+# ---------------------------------------------------------------------------------------------
+
+class LinearEquationParams(ProceduralParams):
+    form: str = Field(default="two_step", pattern=r"^(one_step|two_step|both_sides)$",
+                      description="`one_step` (x + b = c or ax = c), `two_step` (ax + b = c) or "
+                      "`both_sides` (ax + b = cx + d).")
+    max_coefficient: int = Field(default=9, ge=2, le=1000, description="Largest |coefficient|.")
+    max_solution: int = Field(default=12, ge=1, le=10_000, description="Largest |x|.")
+
+
+def _p(n: int) -> str:
+    """A number as the right operand of a binary operator: negatives in parentheses."""
+    return f"({n})" if n < 0 else str(n)
+
+
+def _lin(a: int, b: int) -> str:
+    """`ax + b` written the usual way (`x`, `-x`, `3x - 4`)."""
+    ax = "x" if a == 1 else "-x" if a == -1 else f"{a}x"
+    if b == 0:
+        return ax
+    return f"{ax} {'+' if b > 0 else '-'} {abs(b)}"
+
+
+class LinearEquations(ProceduralMath):
+    name = "math.linear_equations"
+    description = "Solve a linear equation in x with an integer solution."
+    Params = LinearEquationParams
+    params: LinearEquationParams
+
+    def generate(self, rng: random.Random) -> Problem:
+        p = self.params
+        x = rng.randint(-p.max_solution, p.max_solution)
+        coef = [c for c in range(-p.max_coefficient, p.max_coefficient + 1) if c not in (0,)]
+        if p.form == "one_step":
+            if rng.random() < 0.5:
+                b = rng.choice([c for c in coef if c != 0])
+                eq = f"x {'+' if b > 0 else '-'} {abs(b)} = {x + b}"
+                steps = (f"x = {x + b} {'-' if b > 0 else '+'} {abs(b)} = {x}.",)
+            else:
+                a = rng.choice([c for c in coef if c not in (1, -1)])
+                eq = f"{a}x = {a * x}"
+                steps = (f"x = {a * x} ÷ {_p(a)} = {x}.",)
+        elif p.form == "two_step":
+            a = rng.choice([c for c in coef if c not in (1, -1)])
+            b = rng.choice(coef)
+            eq = f"{_lin(a, b)} = {a * x + b}"
+            steps = (f"{a}x = {a * x + b} - {_p(b)} = {a * x}.", f"x = {a * x} ÷ {_p(a)} = {x}.")
+        else:
+            a, c = rng.sample([k for k in coef], 2)
+            b = rng.choice(coef)
+            d = a * x + b - c * x
+            eq = f"{_lin(a, b)} = {_lin(c, d)}"
+            steps = (f"({a} - {_p(c)})x = {d} - {_p(b)}, so {a - c}x = {d - b}.",
+                     f"x = {d - b} ÷ {_p(a - c)} = {x}.")
+        return Problem(key=f"eq:{eq}", question=f"Solve for x: {eq}.", steps=steps, answer=x)
+
+    def prompt(self, problem: Problem) -> str:
+        return f"{problem.question} Put the value of x in \\boxed{{}}."
+
+
+# ---------------------------------------------------------------------------------------------
+# Hub adapters
+# ---------------------------------------------------------------------------------------------
+
+class HubMath(HubSource):
+    """Zero-shot math from the hub with the paper's prompt; gold answers graded on `\\boxed{}`."""
+
+    domain = "math"
+
+    def messages(self, item: HubItem) -> Messages:
+        return [{"role": "user", "content": f"{item.question}\n\n{PAPER_MATH_INSTRUCTION}"}]
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return grade_boxed(example.answer, completion, self.params.reveal_answer_in_feedback)
+
+    def answer_start(self, completion: str) -> int:
+        return boxed_answer_start(completion)
+
+
+class GSM8K(HubMath):
+    name = "math.gsm8k"
+    description = "Grade-school word problems (openai/gsm8k, config `main`)."
+    license = "MIT"
+    hub_path, hub_name = "openai/gsm8k", "main"
+    split_policy = "native"
+    hub_splits: ClassVar[dict[str, str]] = {"train": "train", "eval": "test"}
+
+    def to_item(self, record: dict[str, Any]) -> HubItem | None:
+        solution, _, final = str(record["answer"]).rpartition("####")
+        answer = final.strip().replace(",", "")
+        if not answer:
+            return None
+        # Calculator annotations <<48/2=24>> are artefacts of the dataset, not reasoning.
+        steps = re.sub(r"<<[^<>]*>>", "", solution).strip()
+        return HubItem(key=_hash(record["question"]), question=record["question"], answer=answer,
+                       reference=f"{steps}\n\\boxed{{{answer}}}")
+
+
+class MATH500(HubMath):
+    name = "math.math500"
+    description = "MATH-500 competition problems (HuggingFaceH4/MATH-500), evaluation only."
+    license = "MIT"
+    hub_path = "HuggingFaceH4/MATH-500"
+    split_policy = "eval_only"
+    hub_splits: ClassVar[dict[str, str]] = {"source": "test"}
+
+    def to_item(self, record: dict[str, Any]) -> HubItem | None:
+        return HubItem(key=str(record.get("unique_id") or _hash(record["problem"])),
+                       question=record["problem"], answer=str(record["answer"]),
+                       reference=record.get("solution") or f"\\boxed{{{record['answer']}}}",
+                       metadata={"subject": record.get("subject"), "level": record.get("level")})
+
+
+_DAPO_PREFIX = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.S)
+_DAPO_SUFFIX = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
+
+
+class DAPOMath(HubMath):
+    name = "math.dapo17k"
+    description = "DAPO-Math-17k competition problems with integer answers (training set)."
+    license = "Apache-2.0"
+    hub_path = "BytedTsinghua-SIA/DAPO-Math-17k"
+    split_policy = "hash"
+    hub_splits: ClassVar[dict[str, str]] = {"source": "train"}
+
+    def to_item(self, record: dict[str, Any]) -> HubItem | None:
+        prompt = record["prompt"]
+        text = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+        # The dataset wraps each problem in an "Answer:"-format instruction; we ask for \boxed{}.
+        question = _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", text)).strip()
+        answer = str(record["reward_model"]["ground_truth"]).strip()
+        index = (record.get("extra_info") or {}).get("index")
+        return HubItem(key=str(index or _hash(question)), question=question, answer=answer,
+                       reference=f"\\boxed{{{answer}}}")
+
+
+class AIME24(HubMath):
+    name = "math.aime24"
+    description = "AIME 2024 (math-ai/aime24), 30 problems, evaluation only."
+    license = "Apache-2.0"
+    hub_path = "math-ai/aime24"
+    split_policy = "eval_only"
+    hub_splits: ClassVar[dict[str, str]] = {"source": "test"}
+
+    def to_item(self, record: dict[str, Any]) -> HubItem | None:
+        # This dataset has no answer column: the solution field ends in the boxed answer.
+        solution = str(record.get("solution") or "")
+        answer = record.get("answer") or extract_boxed(solution) or solution.strip()
+        if not answer:
+            return None
+        return HubItem(key=str(record.get("id") or _hash(record["problem"])),
+                       question=record["problem"], answer=str(answer),
+                       reference=solution if "\\boxed" in solution else f"\\boxed{{{answer}}}")
+
+
+class AIME25(HubMath):
+    name = "math.aime25"
+    description = "AIME 2025 (math-ai/aime25), 30 problems, evaluation only."
+    license = "Apache-2.0"
+    hub_path = "math-ai/aime25"
+    split_policy = "eval_only"
+    hub_splits: ClassVar[dict[str, str]] = {"source": "test"}
+
+    def to_item(self, record: dict[str, Any]) -> HubItem | None:
+        answer = str(record["answer"]).strip()
+        return HubItem(key=str(record.get("id") or _hash(record["problem"])),
+                       question=record["problem"], answer=answer,
+                       reference=f"\\boxed{{{answer}}}")
+
+
+def _hash(text: str) -> str:
+    return stable_key(text)

@@ -1,0 +1,546 @@
+"""Science task sources: verifiable questions from fact tables in the repo, and hub MCQ adapters.
+
+Offline (tables in `clbench/data/science/`: all 118 elements, ~90 compounds, units, constants):
+- `science.facts`: free-form short answers ending in `Answer: X`, from a mix of families: element
+  lookups (symbol, name, atomic number, period, group), isotope neutron counts, computed molar
+  masses, mole/mass stoichiometry, particle counts and unit conversions. Lookup families have at
+  most 118 items each; the computed families give thousands, so eval sets of hundreds stay
+  disjoint from training.
+- `science.mcq`: the same facts as four-option multiple choice with plausible distractors (nearby
+  atomic numbers, look-alike symbols, slipped molar masses), answered as `<answer>X</answer>`.
+Families not in a training mix are the distribution-shifted probes (see docs/tasks.md).
+
+Hub adapters (letter MCQ): `hicai-zju/SciKnowEval` (L3, per discipline), `Idavidrein/gpqa`,
+`allenai/sciq`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+from pydantic import Field, field_validator
+
+from clbench.tasks.base import (Example, Grade, Messages, Split, TaskParams, TaskSource,
+                                draw_distinct, one_shot, seeded_rng)
+from clbench.tasks.grading import (extract_answer_line, extract_boxed, extract_choice,
+                                   extract_tag, format_number, numbers_close, parse_number, quote)
+from clbench.tasks.hub import HubItem, HubParams, HubSource, stable_key
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "science"
+ANSWER_INSTRUCTION = "End with 'Answer: <answer>'."
+MCQ_INSTRUCTION = "Reply with the letter of the correct option as <answer>X</answer>."
+NO_ANSWER_FEEDBACK = "No final answer found; end with 'Answer: <answer>'."
+NO_CHOICE_FEEDBACK = "No option letter found; answer with <answer>X</answer>."
+LETTERS = "ABCD"
+
+
+# ---------------------------------------------------------------------------------------------
+# Fact tables
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Element:
+    number: int
+    symbol: str
+    name: str
+    group: int | None
+    period: int
+    molar_mass: float | None   # None: no standard atomic weight (no stable isotope)
+
+
+@lru_cache(maxsize=1)
+def elements() -> tuple[Element, ...]:
+    """The periodic table (IUPAC standard atomic weights, abridged)."""
+    text = (DATA_DIR / "elements.csv").read_text("utf-8")
+    return tuple(Element(int(r["number"]), r["symbol"], r["name"],
+                         int(r["group"]) if r["group"] else None, int(r["period"]),
+                         float(r["molar_mass"]) if r["molar_mass"] else None)
+                 for r in csv.DictReader(text.splitlines()))
+
+
+@lru_cache(maxsize=1)
+def compounds() -> tuple[tuple[str, str], ...]:
+    """(formula, common name) pairs."""
+    text = (DATA_DIR / "compounds.csv").read_text("utf-8")
+    return tuple((r["formula"], r["name"]) for r in csv.DictReader(text.splitlines()))
+
+
+@lru_cache(maxsize=1)
+def _json_table(name: str) -> dict[str, Any]:
+    text = (DATA_DIR / name).read_text("utf-8")
+    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
+
+
+def constants() -> dict[str, Any]:
+    return _json_table("constants.json")
+
+
+def units() -> dict[str, dict[str, float]]:
+    return _json_table("units.json")
+
+
+_TOKEN = re.compile(r"([A-Z][a-z]?|\(|\)|\d+)")
+
+
+def formula_counts(formula: str) -> dict[str, int]:
+    """Atoms per element of a formula with parentheses: `Ca(OH)2` -> {Ca: 1, O: 2, H: 2}."""
+    tokens = _TOKEN.findall(formula)
+    if "".join(tokens) != formula:
+        raise ValueError(f"cannot parse formula {formula!r}")
+    stack: list[dict[str, int]] = [{}]
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        if tok == "(":
+            stack.append({})
+            continue
+        mult = 1
+        if i < len(tokens) and tokens[i].isdigit():
+            mult = int(tokens[i])
+            i += 1
+        if tok == ")":
+            group = stack.pop()
+            for el, n in group.items():
+                stack[-1][el] = stack[-1].get(el, 0) + n * mult
+        elif tok.isdigit():
+            raise ValueError(f"misplaced count in formula {formula!r}")
+        else:
+            stack[-1][tok] = stack[-1].get(tok, 0) + mult
+    if len(stack) != 1:
+        raise ValueError(f"unbalanced parentheses in formula {formula!r}")
+    return stack[0]
+
+
+def molar_mass(formula: str) -> float:
+    """Molar mass in g/mol from standard atomic weights."""
+    by_symbol = {e.symbol: e for e in elements()}
+    total = 0.0
+    for sym, n in formula_counts(formula).items():
+        mass = by_symbol[sym].molar_mass
+        if mass is None:
+            raise ValueError(f"{sym} has no standard atomic weight")
+        total += n * mass
+    return total
+
+
+def _mass_breakdown(formula: str) -> str:
+    by_symbol = {e.symbol: e for e in elements()}
+    parts = [(f"{n} × {by_symbol[s].molar_mass}" if n > 1 else f"{by_symbol[s].molar_mass}")
+             for s, n in formula_counts(formula).items()]
+    return " + ".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Question families
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Fact:
+    """A generated question: canonical key, question, worked line, gold answer and its kind."""
+
+    key: str
+    question: str
+    working: str
+    answer: str
+    kind: str              # "symbol", "name", "number" (graded numerically)
+    rel_tol: float = 0.0   # numeric answers: allowed relative error (0 = exact)
+
+
+_AMOUNTS = [0.1, 0.2, 0.25, 0.5, 0.75, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 15, 20]
+_VALUES = [0.2, 0.25, 0.5, 0.75, 1.2, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 6, 7.5, 8, 9, 12, 15, 25,
+           40, 75, 120, 250, 500]
+
+
+def _fam_symbol(r: random.Random) -> Fact:
+    e = r.choice(elements())
+    return Fact(f"symbol:{e.number}", f"What is the chemical symbol of {e.name.lower()}?",
+                f"The symbol of {e.name.lower()} is {e.symbol}.", e.symbol, "symbol")
+
+
+def _fam_name(r: random.Random) -> Fact:
+    e = r.choice(elements())
+    return Fact(f"name:{e.number}", f"Which element has the chemical symbol {e.symbol}?",
+                f"{e.symbol} is the symbol of {e.name.lower()}.", e.name, "name")
+
+
+def _fam_atomic_number(r: random.Random) -> Fact:
+    e = r.choice(elements())
+    return Fact(f"z:{e.number}", f"What is the atomic number of {e.name.lower()}?",
+                f"{e.name} has {e.number} protons.", str(e.number), "number")
+
+
+def _fam_period(r: random.Random) -> Fact:
+    e = r.choice(elements())
+    return Fact(f"period:{e.number}", f"In which period of the periodic table is "
+                f"{e.name.lower()}?", f"{e.name} (Z = {e.number}) is in period {e.period}.",
+                str(e.period), "number")
+
+
+def _fam_group(r: random.Random) -> Fact:
+    e = r.choice([e for e in elements() if e.group is not None])
+    return Fact(f"group:{e.number}", f"In which group (1-18) of the periodic table is "
+                f"{e.name.lower()}?", f"{e.name} is in group {e.group}.", str(e.group), "number")
+
+
+def _fam_neutrons(r: random.Random) -> Fact:
+    e = r.choice([e for e in elements() if e.molar_mass is not None and e.number > 1])
+    a = round(e.molar_mass or 0) + r.randint(-1, 2)
+    return Fact(f"neutrons:{e.number}-{a}", f"How many neutrons are in an atom of "
+                f"{e.name.lower()}-{a}?", f"{e.name} has {e.number} protons, so {a} - "
+                f"{e.number} = {a - e.number} neutrons.", str(a - e.number), "number")
+
+
+def _fam_molar_mass(r: random.Random) -> Fact:
+    formula, name = r.choice(compounds())
+    m = molar_mass(formula)
+    return Fact(f"mm:{formula}", f"What is the molar mass of {name} ({formula}) in g/mol?",
+                f"{formula}: {_mass_breakdown(formula)} = {m:.2f} g/mol.", f"{m:.2f}", "number",
+                0.01)
+
+
+def _fam_mass_from_moles(r: random.Random) -> Fact:
+    formula, name = r.choice(compounds())
+    n, m = r.choice(_AMOUNTS), round(molar_mass(formula), 2)
+    return Fact(f"mass:{formula}:{n}", f"What is the mass in grams of {format_number(n)} mol of "
+                f"{name} ({formula})?", f"M({formula}) = {m:.2f} g/mol, so "
+                f"{format_number(n)} × {m:.2f} = {n * m:.2f} g.", f"{n * m:.2f}", "number", 0.01)
+
+
+def _fam_moles_from_mass(r: random.Random) -> Fact:
+    formula, name = r.choice(compounds())
+    n, m = r.choice(_AMOUNTS), round(molar_mass(formula), 2)
+    grams = round(n * m, 1)
+    return Fact(f"moles:{formula}:{n}", f"How many moles are in {format_number(grams)} g of "
+                f"{name} ({formula})?", f"M({formula}) = {m:.2f} g/mol, so "
+                f"{format_number(grams)} / {m:.2f} = {grams / m:.3f} mol.", f"{grams / m:.3f}",
+                "number", 0.01)
+
+
+def _fam_particles(r: random.Random) -> Fact:
+    formula, name = r.choice(compounds())
+    n = r.choice(_AMOUNTS)
+    na = constants()["avogadro"]["value"]
+    count = n * na
+    mant, exp = f"{count:.3e}".split("e")
+    shown = f"{mant} × 10^{int(exp)}"
+    return Fact(f"particles:{formula}:{n}", f"How many molecules are in {format_number(n)} mol "
+                f"of {name} ({formula})?", f"{format_number(n)} × 6.022 × 10^23 = {shown}.",
+                f"{mant}e{int(exp)}", "number", 0.01)
+
+
+def _fam_unit_conversion(r: random.Random) -> Fact:
+    table = units()
+    quantity = r.choice(sorted(table))
+    src, dst = r.sample(sorted(table[quantity]), 2)
+    value = Fraction(str(r.choice(_VALUES)))
+    factor = Fraction(str(table[quantity][src])) / Fraction(str(table[quantity][dst]))
+    result = value * factor
+    return Fact(f"unit:{value}{src}>{dst}", f"Convert {format_number(value)} {src} to {dst}.",
+                f"1 {src} = {format_number(factor, 9)} {dst}, so {format_number(value)} {src} = "
+                f"{format_number(result, 9)} {dst}.", format_number(result, 9), "number", 1e-6)
+
+
+FAMILIES: dict[str, Callable[[random.Random], Fact]] = {
+    "symbol": _fam_symbol, "name": _fam_name, "atomic_number": _fam_atomic_number,
+    "period": _fam_period, "group": _fam_group, "neutrons": _fam_neutrons,
+    "molar_mass": _fam_molar_mass, "mass_from_moles": _fam_mass_from_moles,
+    "moles_from_mass": _fam_moles_from_mass, "particles": _fam_particles,
+    "unit_conversion": _fam_unit_conversion,
+}
+
+# Spellings accepted for element names besides the table's (IUPAC) one.
+_NAME_ALIASES = {"aluminium": {"aluminum"}, "caesium": {"cesium"}, "sulfur": {"sulphur"}}
+
+
+def _check_families(v: list[str]) -> list[str]:
+    unknown = [f for f in v if f not in FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown families {unknown}; known: {', '.join(FAMILIES)}")
+    if not v:
+        raise ValueError("give at least one family")
+    return v
+
+
+class FactParams(TaskParams):
+    families: list[str] = Field(
+        default=["symbol", "atomic_number", "neutrons", "unit_conversion"],
+        description=f"Question families to mix (uniformly): {', '.join(FAMILIES)}.")
+    eval_fraction: float = Field(default=0.25, gt=0.0, lt=1.0, description="Share of each "
+                                 "family's item space reserved for evaluation (by item hash).")
+    reveal_answer_in_feedback: bool = Field(default=False, description="Let the grader's "
+                                            "feedback state the gold answer.")
+
+    _families = field_validator("families")(classmethod(lambda cls, v: _check_families(v)))
+
+
+class _FactSource(TaskSource):
+    domain = "science"
+    params: Any
+
+    def _draw(self, split: Split, seed: int, size: int) -> tuple[list[Fact], dict[str, Fact]]:
+        demos = {f: FAMILIES[f](seeded_rng(self.name, f, "demo")) for f in self.params.families}
+        rng = seeded_rng(self.name, self.params.model_dump_json(), split, seed)
+
+        def make(r: random.Random) -> tuple[str, tuple[str, Fact]]:
+            family = r.choice(self.params.families)
+            fact = FAMILIES[family](r)
+            return fact.key, (family, fact)
+
+        drawn = draw_distinct(make, split, size, rng, self.params.eval_fraction,
+                              exclude=frozenset(d.key for d in demos.values()),
+                              what=f"{self.name} questions")
+        return drawn, demos
+
+
+class Facts(_FactSource):
+    name = "science.facts"
+    description = "Free-form science questions from the repo's element/compound/unit tables."
+    Params = FactParams
+    params: FactParams
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        drawn, demos = self._draw(split, seed, size)
+        out = []
+        for family, fact in drawn:
+            demo = demos[family]
+            messages = one_shot(None, f"{demo.question} {ANSWER_INSTRUCTION}",
+                                _reference(demo), f"{fact.question} {ANSWER_INSTRUCTION}")
+            out.append(Example(id=f"{self.name}:{fact.key}", messages=messages,
+                               reference=_reference(fact),
+                               answer={"value": fact.answer, "kind": fact.kind,
+                                       "rel_tol": fact.rel_tol},
+                               metadata={"family": family, "key": fact.key}))
+        return out
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        gold = example.answer
+        pred = extract_answer_line(completion) or extract_tag(completion) or \
+            extract_boxed(completion)
+        if pred is None:
+            return Grade(0.0, False, NO_ANSWER_FEEDBACK)
+        if _short_answer_matches(pred, gold["value"], gold["kind"], gold["rel_tol"]):
+            return Grade(1.0, True, None)
+        feedback = f"Your answer {quote(pred)} is wrong."
+        if self.params.reveal_answer_in_feedback:
+            feedback += f" The correct answer is {gold['value']}."
+        return Grade(0.0, False, feedback)
+
+
+def _reference(fact: Fact) -> str:
+    answer = fact.answer
+    if fact.kind == "number" and "e" in answer:
+        mant, exp = answer.split("e")
+        answer = f"{mant} × 10^{exp}"
+    return f"{fact.working}\nAnswer: {answer}"
+
+
+_LEADING_NUMBER = re.compile(
+    r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:[eE][-+]?\d+|\s*(?:×|x|\*|\\times)\s*10\s*"
+    r"(?:\^|\*\*)\s*\{?[-+−]?\d+\}?)?")
+
+
+def _short_answer_matches(pred: str, gold: str, kind: str, rel_tol: float) -> bool:
+    text = pred.strip().strip("*_`'\".").strip()[:200]
+    if kind == "symbol":
+        return text.split(" ")[0].strip(".,;()") == gold
+    if kind == "name":
+        word = text.split(" ")[0].strip(".,;()").lower()
+        return word == gold.lower() or word in _NAME_ALIASES.get(gold.lower(), set())
+    m = _LEADING_NUMBER.match(text.replace("$", ""))
+    if not m or not m.group().strip():
+        return False
+    value = parse_number(m.group().replace("**", "^").replace(" ", ""))
+    gold_value = parse_number(gold)
+    return value is not None and gold_value is not None and numbers_close(
+        value, gold_value, rel_tol=rel_tol)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multiple choice over the same facts
+# ---------------------------------------------------------------------------------------------
+
+class MCQParams(FactParams):
+    families: list[str] = Field(default=["symbol", "atomic_number", "molar_mass"],
+                                description="Families to mix: symbol, name, atomic_number, "
+                                "period, neutrons, molar_mass, mass_from_moles.")
+
+
+def _distractors(fact: Fact, r: random.Random) -> list[str]:
+    """Three wrong options that look right: neighbours, look-alikes, slipped computations."""
+    gold = fact.answer
+    pool: list[str] = []
+    if fact.kind == "symbol":
+        same_letter = [e.symbol for e in elements() if e.symbol[0] == gold[0] and e.symbol != gold]
+        pool = same_letter + [e.symbol for e in elements() if e.symbol != gold]
+    elif fact.kind == "name":
+        pool = [e.name for e in elements() if e.name != gold and e.name[0] == gold[0]] + \
+               [e.name for e in elements() if e.name != gold]
+    else:
+        g = float(gold)
+        if g == int(g) and fact.rel_tol == 0:
+            pool = [str(int(g) + d) for d in (-2, -1, 1, 2, 10, -10) if int(g) + d > 0]
+        else:
+            pool = [f"{g * k:.2f}" for k in (0.5, 2, 1.5, 0.75, 1.25)]
+    seen, out = {gold}, []
+    head, tail = pool[:6], pool[6:]
+    r.shuffle(head)
+    for cand in head + tail:
+        if cand not in seen:
+            seen.add(cand)
+            out.append(cand)
+        if len(out) == 3:
+            break
+    return out
+
+
+class MCQ(_FactSource):
+    name = "science.mcq"
+    description = "Four-option multiple choice over the element/compound facts."
+    Params = MCQParams
+    params: MCQParams
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        drawn, demos = self._draw(split, seed, size)
+        out = []
+        for family, fact in drawn:
+            demo_q, demo_letter = _mcq_prompt(demos[family])
+            question, letter = _mcq_prompt(fact)
+            messages = one_shot(None, demo_q, f"{demos[family].working}\n<answer>{demo_letter}"
+                                "</answer>", question)
+            out.append(Example(id=f"{self.name}:{fact.key}", messages=messages,
+                               reference=f"{fact.working}\n<answer>{letter}</answer>",
+                               answer=letter, metadata={"family": family, "key": fact.key}))
+        return out
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return grade_choice(example.answer, completion, self.params.reveal_answer_in_feedback)
+
+
+def _mcq_prompt(fact: Fact) -> tuple[str, str]:
+    r = seeded_rng("mcq-options", fact.key)
+    options = [fact.answer] + _distractors(fact, r)
+    r.shuffle(options)
+    letter = LETTERS[options.index(fact.answer)]
+    lines = "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
+    return f"{fact.question}\n{lines}\n{MCQ_INSTRUCTION}", letter
+
+
+def grade_choice(gold: str, completion: str, reveal: bool = False,
+                 letters: str = LETTERS) -> Grade:
+    """Binary reward for a multiple-choice answer letter."""
+    choice = extract_choice(completion, letters)
+    if choice is None:
+        return Grade(0.0, False, NO_CHOICE_FEEDBACK)
+    if choice == gold:
+        return Grade(1.0, True, None)
+    feedback = f"Your answer {choice} is wrong."
+    if reveal:
+        feedback += f" The correct answer is {gold}."
+    return Grade(0.0, False, feedback)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hub adapters (letter multiple choice)
+# ---------------------------------------------------------------------------------------------
+
+def mcq_prompt(question: str, options: list[str]) -> str:
+    """Question, lettered options and the paper's `<answer>X</answer>` instruction."""
+    lines = "\n".join(f"{LETTERS[i]}. {str(o).strip()}" for i, o in enumerate(options))
+    return f"{question.strip()}\n{lines}\n{MCQ_INSTRUCTION}"
+
+
+class HubMCQ(HubSource):
+    """Zero-shot lettered multiple choice; gold is the correct letter."""
+
+    domain = "science"
+
+    def messages(self, item: HubItem) -> Messages:
+        return [{"role": "user", "content": item.question}]
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return grade_choice(example.answer, completion, self.params.reveal_answer_in_feedback,
+                            letters=example.metadata.get("letters", LETTERS))
+
+    def shuffled_item(self, key: str, question: str, correct: str, wrong: list[str],
+                      metadata: dict[str, Any]) -> HubItem:
+        """Options in a seeded order fixed per record (datasets that list the answer first)."""
+        options = [correct] + wrong
+        seeded_rng("options", key).shuffle(options)
+        letter = LETTERS[options.index(correct)]
+        return HubItem(key=key, question=mcq_prompt(question, options), answer=letter,
+                       reference=f"<answer>{letter}</answer>",
+                       metadata={**metadata, "letters": LETTERS[:len(options)]})
+
+
+class SciKnowEvalParams(HubParams):
+    level: str = Field(default="L3", pattern=r"^L[1-5]$", description="SciKnowEval level kept.")
+
+
+class SciKnowEval(HubMCQ):
+    name = "science.sciknoweval"
+    description = "SciKnowEval multiple-choice questions of one level (default L3) and discipline."
+    license = "MIT"
+    hub_path, hub_name = "hicai-zju/SciKnowEval", "Chemistry"
+    split_policy = "hash"
+    hub_splits: ClassVar[dict[str, str]] = {"source": "test"}
+    Params = SciKnowEvalParams
+    params: SciKnowEvalParams
+
+    def to_item(self, record: dict[str, Any]) -> HubItem | None:
+        details = record.get("details") or {}
+        if not str(record.get("type", "")).startswith("mcq") or \
+                details.get("level") != self.params.level:
+            return None
+        choices = record["choices"]
+        labels, texts = list(choices["label"]), list(choices["text"])
+        if record.get("answerKey") not in labels:
+            return None
+        question = mcq_prompt(record["question"], texts) if labels == list(
+            LETTERS[:len(labels)]) else None
+        if question is None:
+            return None
+        key = stable_key(record["question"], *texts)
+        return HubItem(key=key, question=question, answer=record["answerKey"],
+                       reference=f"<answer>{record['answerKey']}</answer>",
+                       metadata={"letters": "".join(labels), "task": details.get("task"),
+                                 "subtask": details.get("subtask"),
+                                 "domain": record.get("domain")})
+
+
+class GPQA(HubMCQ):
+    name = "science.gpqa"
+    description = "GPQA graduate-level science questions (Idavidrein/gpqa, gated), evaluation only."
+    license = "CC-BY-4.0"
+    hub_path, hub_name = "Idavidrein/gpqa", "gpqa_diamond"
+    split_policy = "eval_only"
+    hub_splits: ClassVar[dict[str, str]] = {"source": "train"}
+
+    def to_item(self, record: dict[str, Any]) -> HubItem | None:
+        wrong = [record[f"Incorrect Answer {i}"] for i in (1, 2, 3)]
+        key = str(record.get("Record ID") or stable_key(record["Question"]))
+        return self.shuffled_item(key, record["Question"], record["Correct Answer"], wrong,
+                                  {"domain": record.get("High-level domain"),
+                                   "subdomain": record.get("Subdomain")})
+
+
+class SciQ(HubMCQ):
+    name = "science.sciq"
+    description = "SciQ crowd-sourced science exam questions (allenai/sciq)."
+    license = "CC-BY-NC-3.0"
+    hub_path = "allenai/sciq"
+    split_policy = "native"
+    hub_splits: ClassVar[dict[str, str]] = {"train": "train", "eval": "test"}
+
+    def to_item(self, record: dict[str, Any]) -> HubItem | None:
+        wrong = [record["distractor1"], record["distractor2"], record["distractor3"]]
+        key = stable_key(record["question"], record["correct_answer"])
+        return self.shuffled_item(key, record["question"], record["correct_answer"], wrong, {})
