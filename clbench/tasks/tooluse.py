@@ -1,0 +1,453 @@
+"""Tool-use task sources: a generated function-calling family, BFCL's categories, ToolAlpaca.
+
+* `tool_use.generated` (and `tool_use.generated_unseen`, its held-out function families):
+  requests written from templates over function schemas kept in `clbench/data/tools/`, each with
+  one deterministic expected call. Difficulty knobs: candidate functions in the prompt, the
+  function of the worked example (same as the request's, or another one), optional arguments,
+  unit/format conversions the model must do (hours -> minutes, "March 5" -> "2025-03-05").
+* `tool_use.bfcl_simple` / `bfcl_multiple` / `bfcl_parallel`: the Berkeley Function-Calling
+  Leaderboard's data and possible answers, read from the installed `bfcl-eval` package.
+* `tool_use.toolalpaca`: ToolAlpaca's records (hub or local files), graded on its golden actions.
+
+All grade through :mod:`clbench.tasks.toolcalls` (BFCL semantics, verifier feedback).
+"""
+
+from __future__ import annotations
+
+import calendar
+import hashlib
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any, ClassVar
+
+from pydantic import Field, model_validator
+
+from clbench.specs import SpecError
+from clbench.tasks.base import (Example, Grade, Split, TaskParams, TaskSource, one_shot,
+                                seeded_rng, split_of)
+from clbench.tasks.toolcalls import calls_start, grade_calls
+
+JSON_FORMAT = 'Respond with only a JSON object of the form {"name": ..., "arguments": {...}}.'
+JSON_LIST_FORMAT = ('Respond with only a JSON list with one object per call, each of the form '
+                    '{"name": ..., "arguments": {...}}.')
+
+
+class ToolUseError(SpecError):
+    """A tool-use task cannot be built as configured (missing data, impossible sizes)."""
+
+
+def call_json(name: str, arguments: dict[str, Any]) -> str:
+    """The canonical JSON text of one call (the answer format every prompt asks for)."""
+    return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+
+
+def function_listing(schemas: list[dict]) -> str:
+    """System prompt: the functions offered and the answer format."""
+    plural = "s" if len(schemas) > 1 else ""
+    return f"You have access to the following function{plural}:\n{json.dumps(schemas)}\n"
+
+
+class ToolUseSource(TaskSource):
+    """Shared grading: `answer` holds the expected calls and the schemas of their functions."""
+
+    domain: ClassVar[str] = "tool_use"
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        expected = example.answer["calls"]
+        schemas = {s["name"]: s for s in example.answer.get("schemas", [])}
+        correct, feedback = grade_calls(completion, expected, schemas)
+        return Grade(reward=1.0 if correct else 0.0, correct=correct, feedback=feedback)
+
+    def answer_start(self, completion: str) -> int:
+        """The call itself is the answer; any "Thought:" text before it is the reasoning."""
+        start = calls_start(completion)
+        return start if start is not None else super().answer_start(completion)
+
+
+def _take(items: list[Example], split: Split, size: int, what: str) -> list[Example]:
+    if size > len(items):
+        raise ToolUseError(f"{what} has only {len(items)} {split} items, {size} were asked for; "
+                           "ask for fewer or change `eval_fraction`")
+    return items[:size]
+
+
+# ---------------------------------------------------------------------------------------------
+# The generated family
+# ---------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def load_families() -> dict[str, Any]:
+    """The function families and value slots shipped in `clbench/data/tools/families.json`."""
+    text = resources.files("clbench").joinpath("data/tools/families.json").read_text("utf-8")
+    return json.loads(text)
+
+
+_WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+          "eleven", "twelve"]
+
+
+def _plural(n: int, unit: str) -> str:
+    return f"{'an' if unit == 'hour' else 'a'} {unit}" if n == 1 else f"{n} {unit}s"
+
+
+def draw_slot(slot: dict, rng: Any, convert: bool) -> tuple[Any, str]:
+    """(value the call must carry, how the request says it); `convert` picks the phrasing the
+    model must translate (words for numbers, hours for minutes, month names for ISO dates)."""
+    kind = slot["kind"]
+    if kind == "pool":
+        value = rng.choice(slot["values"])
+        return value, value
+    if kind == "enum":
+        value = rng.choice(sorted(slot["say"]))
+        return value, rng.choice(slot["say"][value])
+    if kind in ("int", "percent"):
+        value = rng.randrange(slot["min"], slot["max"] + 1, slot.get("step", 1))
+        if kind == "percent":
+            return value, f"{value} percent" if convert else f"{value}%"
+        return value, _WORDS[value] if convert and value < len(_WORDS) else str(value)
+    if kind == "float":
+        steps = int((slot["max"] - slot["min"]) / slot["step"])
+        value = slot["min"] + slot["step"] * rng.randrange(steps + 1)
+        return value, f"{value:g}"
+    if kind == "money":
+        value = round(rng.randrange(slot["min"] * 4, slot["max"] * 4 + 1) / 4, 2)
+        return value, f"{value:.2f}" if value % 1 else str(int(value))
+    if kind == "date":
+        month, day = rng.randrange(1, 13), rng.randrange(1, 29)
+        value = f"{slot['year']}-{month:02d}-{day:02d}"
+        if convert:
+            return value, rng.choice([f"{calendar.month_name[month]} {day}, {slot['year']}",
+                                      f"{day} {calendar.month_name[month]} {slot['year']}"])
+        return value, value
+    if kind == "time":
+        hour, minute = rng.randrange(7, 21), rng.choice([0, 15, 30, 45])
+        value = f"{hour:02d}:{minute:02d}"
+        if convert:
+            h12 = hour - 12 if hour > 12 else hour
+            suffix = "pm" if hour >= 12 else "am"
+            return value, f"{h12} {suffix}" if minute == 0 else f"{h12}:{minute:02d} {suffix}"
+        return value, value
+    if kind in ("minutes", "seconds"):
+        value = rng.choice(slot["choices"])
+        small, big = ("minute", "hour") if kind == "minutes" else ("second", "minute")
+        if convert and value >= 60:
+            whole, rest = divmod(value, 60)
+            text = _plural(whole, big) + (f" and {_plural(rest, small)}" if rest else "")
+            return value, text
+        return value, _plural(value, small)
+    if kind == "email":
+        value = f"{rng.choice(slot['names'])}@{rng.choice(slot['domains'])}"
+        return value, value
+    if kind == "phone":
+        value = f"+1-555-{rng.randrange(100, 1000)}-{rng.randrange(1000, 10000)}"
+        return value, value
+    if kind == "code":
+        value = slot["prefix"] + "".join(str(rng.randrange(10)) for _ in range(slot["digits"]))
+        return value, value
+    if kind == "flag":
+        return True, ""
+    raise ToolUseError(f"unknown slot kind {kind!r} in families.json")
+
+
+def function_schema(fn: dict, slots: dict[str, dict]) -> dict:
+    """The JSON-Schema declaration of a generated function, as shown to the model."""
+    props = {}
+    for pname, p in fn["params"].items():
+        prop: dict[str, Any] = {"type": p["type"], "description": p["description"]}
+        slot = slots[p["slot"]]
+        if slot["kind"] == "enum":
+            prop["enum"] = sorted(slot["say"])
+        props[pname] = prop
+    required = [n for n, p in fn["params"].items() if not p.get("optional")]
+    return {"name": fn["name"], "description": fn["description"],
+            "parameters": {"type": "object", "properties": props, "required": required}}
+
+
+class GeneratedParams(TaskParams):
+    """Difficulty knobs of the generated tool-calling family."""
+
+    families: list[str] | None = Field(default=None, description="Function families to draw "
+                                       "from; default: the seen families of families.json.")
+    n_functions: int = Field(default=3, ge=1, le=8, description="Candidate functions listed in "
+                             "the prompt (the right one plus distractors, same family first).")
+    demo_same_function: float = Field(default=0.5, ge=0.0, le=1.0, description="Probability "
+                                      "that the worked example calls the request's own function "
+                                      "(else another listed one: much harder for small models).")
+    optional_rate: float = Field(default=0.5, ge=0.0, le=1.0, description="Probability that the "
+                                 "request states each optional argument.")
+    conversion_rate: float = Field(default=0.5, ge=0.0, le=1.0, description="Probability that a "
+                                   "value is phrased so the model must convert it (hours to "
+                                   "minutes, month names to ISO dates, number words, 12-hour "
+                                   "times).")
+    max_args: int = Field(default=8, ge=1, description="Largest number of arguments in an "
+                          "expected call.")
+    eval_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="Share of distinct "
+                                 "calls assigned to the eval split.")
+
+    @model_validator(mode="after")
+    def _demo_needs_another_function(self) -> GeneratedParams:
+        if self.n_functions == 1 and self.demo_same_function < 1.0:
+            raise ValueError("an example with another function needs n_functions >= 2 "
+                             "(or set demo_same_function: 1.0)")
+        return self
+
+
+class GeneratedTools(ToolUseSource):
+    """Generated function-calling requests with deterministic expected calls."""
+
+    name: ClassVar[str] = "tool_use.generated"
+    description: ClassVar[str] = ("Generated function calls over weather, travel, finance, "
+                                  "messaging, smart-home and shopping tools, with conversions")
+    Params: ClassVar[type[TaskParams]] = GeneratedParams
+    default_families: ClassVar[str] = "seen_families"
+
+    def __init__(self, params: TaskParams | dict[str, Any] | None = None) -> None:
+        super().__init__(params)
+        data = load_families()
+        self.slots: dict[str, dict] = data["slots"]
+        names = self.params.families or data[self.default_families]
+        unknown = [f for f in names if f not in data["families"]]
+        if unknown:
+            raise ToolUseError(f"unknown tool families {unknown}; known: "
+                               f"{sorted(data['families'])}")
+        self.functions = [(fam, fn) for fam in names for fn in data["families"][fam]]
+        self.all_functions = [(fam, fn) for fam, fns in data["families"].items() for fn in fns]
+        if self.params.n_functions > len(self.all_functions):
+            raise ToolUseError(f"n_functions={self.params.n_functions} exceeds the "
+                               f"{len(self.all_functions)} functions available")
+
+    def _request(self, fn: dict, rng: Any) -> tuple[str, dict[str, Any], dict[str, list]]:
+        """(request text, call arguments, allowed values per argument)."""
+        p = self.params
+        fills: dict[str, str] = {}
+        args: dict[str, Any] = {}
+        allowed: dict[str, list] = {}
+        used: set[str] = set()
+        for pname, spec in fn["params"].items():
+            for _ in range(8):  # two arguments from one slot differ (no flight Paris -> Paris)
+                value, surface = draw_slot(self.slots[spec["slot"]], rng,
+                                           rng.random() < p.conversion_rate)
+                if repr((spec["slot"], value)) not in used:
+                    break
+            used.add(repr((spec["slot"], value)))
+            if spec.get("optional"):
+                if rng.random() < p.optional_rate:
+                    fills[pname] = rng.choice(spec["clause"]).format(surface)
+                    args[pname] = value
+                    allowed[pname] = [value]
+                else:
+                    fills[pname] = ""
+                    allowed[pname] = ["", spec["default"]] if "default" in spec else [""]
+            else:
+                fills[pname] = surface
+                args[pname] = value
+                allowed[pname] = [value]
+        text = rng.choice(fn["templates"]).format(**fills)
+        return text[0].upper() + text[1:], args, allowed
+
+    def _item(self, split: Split, rng: Any) -> tuple[str, Example] | None:
+        p = self.params
+        family, fn = rng.choice(self.functions)
+        request, args, allowed = self._request(fn, rng)
+        if len(args) > p.max_args:
+            return None
+        key = call_json(fn["name"], dict(sorted(args.items())))
+        if split_of("tool_use.generated:" + key, p.eval_fraction) != split:
+            return None
+        same = [f for fam, f in self.all_functions if fam == family and f is not fn]
+        other = [f for fam, f in self.all_functions if fam != family]
+        rng.shuffle(same)
+        rng.shuffle(other)
+        candidates = [fn] + (same + other)[: p.n_functions - 1]
+        demo_fn = fn if rng.random() < p.demo_same_function else rng.choice(candidates[1:])
+        demo_request, demo_args, _ = self._request(demo_fn, rng)
+        for _ in range(8):  # the example must not give the answer away
+            if demo_request != request and demo_args != args:
+                break
+            demo_request, demo_args, _ = self._request(demo_fn, rng)
+        rng.shuffle(candidates)
+        schemas = [function_schema(f, self.slots) for f in candidates]
+        system = function_listing(schemas) + JSON_FORMAT
+        messages = one_shot(system, demo_request, call_json(demo_fn["name"], demo_args), request)
+        example = Example(
+            id="toolgen-" + hashlib.sha256(key.encode()).hexdigest()[:12],
+            messages=messages,
+            reference=call_json(fn["name"], args),
+            answer={"calls": [{"name": fn["name"], "arguments": allowed}],
+                    "schemas": [function_schema(fn, self.slots)]},
+            metadata={"family": family, "function": fn["name"], "n_args": len(args),
+                      "demo_function": demo_fn["name"], "n_functions": len(candidates)},
+        )
+        return key, example
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        rng = seeded_rng(self.name, self.params.model_dump_json(), split, seed)
+        seen: set[str] = set()
+        out: list[Example] = []
+        for _ in range(60 * size + 2000):
+            if len(out) == size:
+                return out
+            made = self._item(split, rng)
+            if made and made[0] not in seen:
+                seen.add(made[0])
+                out.append(made[1])
+        if len(out) == size:
+            return out
+        raise ToolUseError(f"{self.name}: could only draw {len(out)} distinct {split} items of "
+                           f"{size}; use more families or a larger max_args")
+
+
+class GeneratedToolsUnseen(GeneratedTools):
+    """The generated family over function families the seen variant never shows (OOD)."""
+
+    name: ClassVar[str] = "tool_use.generated_unseen"
+    description: ClassVar[str] = ("Generated function calls over held-out families (health, "
+                                  "media): an OOD probe for tool_use.generated")
+    default_families: ClassVar[str] = "unseen_families"
+
+
+# ---------------------------------------------------------------------------------------------
+# BFCL (Berkeley Function-Calling Leaderboard) from the installed `bfcl-eval` package
+# ---------------------------------------------------------------------------------------------
+
+BFCL_INSTALL_HINT = ("the BFCL tool-use tasks read their data from the `bfcl-eval` package; "
+                     "install it with `pip install --no-deps bfcl-eval` (its pinned dependencies "
+                     "are not needed)")
+
+
+def _read_jsonl(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@lru_cache(maxsize=8)
+def load_bfcl(category: str) -> tuple[tuple[dict, dict], ...]:
+    """(question record, possible-answer record) pairs of one BFCL v4 category, by id."""
+    try:
+        root = resources.files("bfcl_eval").joinpath("data")
+    except ModuleNotFoundError:
+        raise ToolUseError(BFCL_INSTALL_HINT) from None
+    name = f"BFCL_v4_{category}.json"
+    try:
+        questions = _read_jsonl(root.joinpath(name).read_text("utf-8"))
+        answers = _read_jsonl(root.joinpath("possible_answer", name).read_text("utf-8"))
+    except FileNotFoundError:
+        raise ToolUseError(f"the installed bfcl-eval has no {name}; {BFCL_INSTALL_HINT}") from None
+    by_id = {a["id"]: a for a in answers}
+    return tuple((q, by_id[q["id"]]) for q in questions if q["id"] in by_id)
+
+
+def bfcl_expected(answer: dict) -> list[dict]:
+    """BFCL's `ground_truth` ([{fn: {param: [allowed]}}]) as expected calls."""
+    return [{"name": name, "arguments": args}
+            for entry in answer["ground_truth"] for name, args in entry.items()]
+
+
+def reference_arguments(allowed: dict[str, list], required: list[str] = ()) -> dict[str, Any]:
+    """One correct argument set: the first allowed value of each argument, omitting optional
+    ones whose first option is `""` (unless the schema requires them: BFCL has a few such).
+    Nested allowed-value structures (dicts of lists) become concrete values the same way."""
+    out = {}
+    for param, opts in allowed.items():
+        values = [o for o in opts if o != ""]
+        if values and (opts[0] != "" or param in required):
+            out[param] = _concrete(values[0])
+    return out
+
+
+def _concrete(value: Any) -> Any:
+    if isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
+        return reference_arguments(value)
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return [_concrete(v) for v in value]
+    return value
+
+
+class BFCLParams(TaskParams):
+    """Parameters of the BFCL sources."""
+
+    eval_fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the "
+                                 "category's items in the eval split (1.0: all, no train split).")
+    demo: bool = Field(default=True, description="Show one worked request and call (another "
+                       "item of the category, from the train split) before the request.")
+
+
+class _BFCL(ToolUseSource):
+    """One BFCL category: request, functions, and possible answers with BFCL's semantics."""
+
+    category: ClassVar[str]
+    license: ClassVar[str] = "Apache-2.0"
+    Params: ClassVar[type[TaskParams]] = BFCLParams
+
+    def _messages(self, question: dict, expected: list[dict], demo: tuple | None) -> list:
+        fmt = JSON_LIST_FORMAT if len(expected) > 1 else JSON_FORMAT
+
+        def turn(q: dict) -> str:
+            request = "\n".join(m["content"] for m in q["question"][0] if m["role"] == "user")
+            return f"Functions: {json.dumps(q['function'])}\n\nRequest: {request}"
+
+        system = "You call functions to fulfil requests. " + fmt
+        if demo is None:
+            return [{"role": "system", "content": system},
+                    {"role": "user", "content": turn(question)}]
+        demo_q, demo_a = demo
+        demo_calls = [json.loads(call_json(c["name"], reference_arguments(c["arguments"])))
+                      for c in bfcl_expected(demo_a)]
+        demo_text = (json.dumps(demo_calls, ensure_ascii=False) if len(demo_calls) > 1
+                     else json.dumps(demo_calls[0], ensure_ascii=False))
+        return one_shot(system, turn(demo_q), demo_text, turn(question))
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        records = load_bfcl(self.category)
+        p = self.params
+        mine = [r for r in records if split_of("bfcl:" + r[0]["id"], p.eval_fraction) == split]
+        demos = [r for r in records if split_of("bfcl:" + r[0]["id"], p.eval_fraction) == "train"]
+        rng = seeded_rng(self.name, split, seed)
+        rng.shuffle(mine)
+        out = []
+        for question, answer in mine[:size]:
+            expected = bfcl_expected(answer)
+            pool = [d for d in (demos or records) if d[0]["id"] != question["id"]]
+            demo = rng.choice(pool) if p.demo and pool else None
+            required = {f["name"]: f["parameters"].get("required", [])
+                        for f in question["function"]}
+            refs = [{"name": c["name"],
+                     "arguments": reference_arguments(c["arguments"], required.get(c["name"], []))}
+                    for c in expected]
+            reference = (json.dumps(refs, ensure_ascii=False) if len(refs) > 1
+                         else call_json(refs[0]["name"], refs[0]["arguments"]))
+            names = {c["name"] for c in expected}
+            out.append(Example(
+                id=question["id"],
+                messages=self._messages(question, expected, demo),
+                reference=reference,
+                answer={"calls": expected,
+                        "schemas": [f for f in question["function"] if f["name"] in names]},
+                metadata={"category": self.category, "n_calls": len(expected),
+                          "n_functions": len(question["function"])},
+            ))
+        return _take(out, split, size, f"{self.name} (eval_fraction={p.eval_fraction})")
+
+
+class BFCLSimple(_BFCL):
+    """BFCL v4 simple (Python): one function offered, one call expected."""
+
+    name: ClassVar[str] = "tool_use.bfcl_simple"
+    description: ClassVar[str] = "BFCL v4 simple_python: one function, one call (400 items)"
+    category: ClassVar[str] = "simple_python"
+
+
+class BFCLMultiple(_BFCL):
+    """BFCL v4 multiple: several functions offered, the right one must be chosen."""
+
+    name: ClassVar[str] = "tool_use.bfcl_multiple"
+    description: ClassVar[str] = "BFCL v4 multiple: choose one of 2-4 functions (200 items)"
+    category: ClassVar[str] = "multiple"
+
+
+class BFCLParallel(_BFCL):
+    """BFCL v4 parallel: several calls of one function in one answer, any order."""
+
+    name: ClassVar[str] = "tool_use.bfcl_parallel"
+    description: ClassVar[str] = "BFCL v4 parallel: several calls in one answer (200 items)"
+    category: ClassVar[str] = "parallel"
