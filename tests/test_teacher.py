@@ -1,0 +1,278 @@
+"""SDPO teacher: template strings, demonstration selection, EMA arithmetic, refresh schedule."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from clbench.engine import teacher as tm
+
+PROMPT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is 1 + 1?"},
+    {"role": "assistant", "content": "2"},
+    {"role": "user", "content": "What is 14 + 23?"},
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Templates
+# ---------------------------------------------------------------------------------------------
+
+def test_solution_only_template_exactly():
+    msgs = tm.build_teacher_messages(PROMPT, "14 + 23 = 37.\nAnswer: 37", None)
+    assert msgs[:-1] == PROMPT[:-1]
+    assert msgs[-1] == {"role": "user", "content": (
+        "What is 14 + 23?"
+        "\nCorrect solution:\n\n14 + 23 = 37.\nAnswer: 37\n\n"
+        "\n\nCorrectly solve the original question.\n")}
+
+
+def test_feedback_only_template_exactly():
+    msgs = tm.build_teacher_messages(PROMPT, None, "The answer 36 is wrong.")
+    assert msgs[-1]["content"] == (
+        "What is 14 + 23?"
+        "\nThe following is feedback from your unsuccessful earlier attempt:\n\n"
+        "The answer 36 is wrong.\n\n"
+        "\n\nCorrectly solve the original question.\n")
+
+
+def test_solution_and_feedback_template_exactly():
+    msgs = tm.build_teacher_messages(PROMPT, "Answer: 37", "No final answer found.")
+    assert msgs[-1]["content"] == (
+        "What is 14 + 23?"
+        "\nCorrect solution:\n\nAnswer: 37\n\n"
+        "\nThe following is feedback from your unsuccessful earlier attempt:\n\n"
+        "No final answer found.\n\n"
+        "\n\nCorrectly solve the original question.\n")
+
+
+def test_templates_agree_with_trl_sdpo_config_defaults():
+    import os
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.experimental.sdpo import SDPOConfig
+
+    fields = SDPOConfig.__dataclass_fields__
+    expected = fields["reprompt_template"].default.format(
+        prompt="Q?", solution=fields["solution_template"].default.format(
+            successful_previous_attempt="D"),
+        feedback=fields["feedback_template"].default.format(feedback_raw="F"))
+    assert tm.reprompt_text("Q?", "D", "F") == expected
+
+
+def test_neither_demonstration_nor_feedback_leaves_the_prompt_unchanged():
+    msgs = tm.build_teacher_messages(PROMPT, None, None)
+    assert msgs == PROMPT and msgs is not PROMPT
+    msgs[-1]["content"] = "changed"
+    assert PROMPT[-1]["content"] == "What is 14 + 23?"  # the caller's chat is never mutated
+
+
+def test_reasoning_is_stripped_unless_asked():
+    demo = "<think>14+23: 4+3=7, 1+2=3</think>\nAnswer: 37"
+    stripped = tm.build_teacher_messages(PROMPT, demo, None)[-1]["content"]
+    kept = tm.build_teacher_messages(PROMPT, demo, None, strip_reasoning=False)[-1]["content"]
+    assert "\nCorrect solution:\n\nAnswer: 37\n\n" in stripped and "<think>" not in stripped
+    assert f"\nCorrect solution:\n\n{demo}\n\n" in kept
+
+
+def test_remove_reasoning_handles_missing_opening_tag_and_several_blocks():
+    assert tm.remove_reasoning("reasoning first</think>\n\nAnswer: 3") == "Answer: 3"
+    assert tm.remove_reasoning("<think>a</think> x <think>b</think>y") == "x y"
+    assert tm.remove_reasoning("no reasoning here") == "no reasoning here"
+
+
+def test_prompt_must_end_with_a_user_turn():
+    with pytest.raises(tm.TeacherContextError, match="ends with role 'assistant'"):
+        tm.build_teacher_messages(PROMPT[:-1], "x", None)
+    with pytest.raises(tm.TeacherContextError, match="role None"):
+        tm.build_teacher_messages([], "x", None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Demonstration selection
+# ---------------------------------------------------------------------------------------------
+
+def test_first_other_successful_sibling():
+    texts = ["a", "b", "c", "d"]
+    assert tm.select_demonstrations([0.0, 1.0, 0.0, 1.0], texts) == ["b", "d", "b", "b"]
+
+
+def test_only_self_succeeded_gives_no_demonstration_to_itself():
+    assert tm.select_demonstrations([0.0, 1.0, 0.0], ["a", "b", "c"]) == ["b", None, "b"]
+    assert tm.select_demonstrations([0.0, 0.0], ["a", "b"]) == [None, None]
+
+
+def test_threshold_is_inclusive():
+    assert tm.select_demonstrations([0.5, 0.49], ["a", "b"], threshold=0.5) == [None, "a"]
+    with pytest.raises(ValueError, match="2 rewards but 1 texts"):
+        tm.select_demonstrations([0.0, 1.0], ["a"])
+
+
+def test_plan_contexts_mask_feedback_and_reference():
+    rewards = [1.0, 0.0, 0.0]
+    texts = ["<think>r</think>Answer: 37", "Answer: 36", "nothing"]
+    feedbacks = [None, "36 is wrong", ""]
+    plan = tm.plan_teacher_contexts(PROMPT, rewards, texts, feedbacks)
+    assert [c.source for c in plan] == ["none", "sibling", "sibling"]
+    assert [c.active for c in plan] == [False, True, True]
+    assert plan[0].messages == PROMPT  # only self succeeded, no feedback -> no loss
+    assert plan[1].demonstration == "Answer: 37" and plan[1].feedback == "36 is wrong"
+    assert plan[2].feedback is None  # empty feedback is no feedback
+    off = tm.plan_teacher_contexts(PROMPT, rewards, texts, feedbacks, use_feedback=False)
+    assert off[1].feedback is None
+    with_ref = tm.plan_teacher_contexts(PROMPT, rewards, texts, feedbacks,
+                                        reference="14 + 23 = 37.\nAnswer: 37")
+    assert with_ref[0].source == "reference" and with_ref[0].active
+    assert with_ref[1].source == "sibling"  # a sibling's success is preferred to the reference
+
+
+def test_feedback_on_a_successful_rollout_is_not_used():
+    plan = tm.plan_teacher_contexts(PROMPT, [1.0, 1.0], ["a", "b"], ["nice", "good"])
+    assert all(c.feedback is None for c in plan)
+    assert [c.demonstration for c in plan] == ["b", "a"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------
+
+def _tiny_module(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    return module
+
+
+def _params(module: nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in module.parameters()]
+
+
+def _step(student: nn.Module, delta: float) -> None:
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(delta)
+
+
+def test_frozen_teacher_is_an_independent_copy():
+    student = _tiny_module()
+    teacher = tm.TeacherWeights("frozen")
+    teacher.start_stage(student, stage_steps=5)
+    assert teacher.model is not student
+    start = _params(student)
+    _step(student, 1.0)
+    teacher.after_optimizer_step()
+    assert all(torch.equal(a, b) for a, b in zip(_params(teacher.model), start))
+    assert not any(p.requires_grad for p in teacher.model.parameters())
+
+
+def test_live_teacher_is_the_student():
+    student = _tiny_module()
+    teacher = tm.TeacherWeights("live")
+    teacher.start_stage(student, stage_steps=5)
+    assert teacher.model is student
+    assert teacher.state_dict()["weights"] is None
+
+
+def test_ema_arithmetic_by_hand():
+    student = nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        student.weight.fill_(1.0)
+    teacher = tm.TeacherWeights("ema", ema_rate=0.25)
+    teacher.start_stage(student, stage_steps=3)
+    with torch.no_grad():
+        student.weight.fill_(3.0)
+    teacher.after_optimizer_step()
+    # 0.75 * 1 + 0.25 * 3 = 1.5
+    assert teacher.model.weight.item() == pytest.approx(1.5)
+    with torch.no_grad():
+        student.weight.fill_(5.0)
+    teacher.after_optimizer_step()
+    # 0.75 * 1.5 + 0.25 * 5 = 2.375
+    assert teacher.model.weight.item() == pytest.approx(2.375)
+
+
+def test_ema_rate_zero_is_frozen_and_one_follows_the_student():
+    for rate, expected in ((0.0, 1.0), (1.0, 4.0)):
+        student = nn.Linear(1, 1, bias=False)
+        with torch.no_grad():
+            student.weight.fill_(1.0)
+        teacher = tm.TeacherWeights("ema", ema_rate=rate)
+        teacher.start_stage(student, 2)
+        with torch.no_grad():
+            student.weight.fill_(4.0)
+        teacher.after_optimizer_step()
+        assert teacher.model.weight.item() == expected
+
+
+def test_refresh_period_and_steps():
+    assert tm.refresh_period(10, 0.4) == 4
+    assert tm.refresh_steps(10, 0.4) == [0, 4, 8]
+    assert tm.refresh_steps(5, 0.4) == [0, 2, 4]
+    assert tm.refresh_steps(3, 0.1) == [0, 1, 2]
+    assert tm.refresh_steps(4, 1.0) == [0]
+    with pytest.raises(ValueError, match="refresh_fraction"):
+        tm.refresh_period(10, 0.0)
+
+
+def test_refresh_teacher_equals_student_at_each_refresh_and_is_frozen_between():
+    student = _tiny_module()
+    teacher = tm.TeacherWeights("refresh", refresh_fraction=0.4)
+    steps = 10
+    teacher.start_stage(student, stage_steps=steps)
+    last_refresh = _params(student)
+    refreshed_at = []
+    for step in range(steps):
+        if teacher.before_step(step):
+            refreshed_at.append(step)
+            assert all(torch.equal(a, b) for a, b in zip(_params(teacher.model), _params(student)))
+            last_refresh = _params(student)
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(_params(teacher.model), last_refresh))
+            assert not all(torch.equal(a, b)
+                           for a, b in zip(_params(teacher.model), _params(student)))
+        _step(student, 0.1)  # the optimizer step
+        teacher.after_optimizer_step()
+    assert refreshed_at == [0, 4, 8] and teacher.refreshes == 3
+
+
+def test_refresh_copies_buffers_too():
+    student = _tiny_module()
+    teacher = tm.TeacherWeights("refresh", refresh_fraction=0.5)
+    teacher.start_stage(student, stage_steps=2)
+    student.train()
+    student(torch.randn(8, 3))  # updates BatchNorm running stats
+    teacher.before_step(1)
+    assert torch.equal(teacher.model[1].running_mean, student[1].running_mean)
+
+
+def test_teacher_checkpoint_round_trip():
+    student = _tiny_module()
+    teacher = tm.TeacherWeights("ema", ema_rate=0.5)
+    teacher.start_stage(student, 4)
+    _step(student, 1.0)
+    teacher.after_optimizer_step()
+    state = teacher.state_dict()
+    expected = _params(teacher.model)
+
+    restored = tm.TeacherWeights("ema", ema_rate=0.5)
+    restored.start_stage(student, 4)  # a copy of the (moved) student, not the saved teacher
+    restored.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(_params(restored.model), expected))
+    _step(student, 1.0)
+    teacher.after_optimizer_step()
+    restored.after_optimizer_step()
+    assert all(torch.equal(a, b) for a, b in zip(_params(restored.model), _params(teacher.model)))
+    with pytest.raises(ValueError, match="'ema' teacher, this one is 'frozen'"):
+        frozen = tm.TeacherWeights("frozen")
+        frozen.start_stage(student, 4)
+        frozen.load_state_dict(state)
+
+
+def test_invalid_teacher_settings_are_rejected():
+    with pytest.raises(ValueError, match="unknown teacher mode 'stale'"):
+        tm.TeacherWeights("stale")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ema_rate"):
+        tm.TeacherWeights("ema", ema_rate=1.5)
+    with pytest.raises(RuntimeError, match="start_stage"):
+        _ = tm.TeacherWeights("frozen").model
