@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -207,7 +208,7 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
     from clbench.suites import apply_overrides
 
     params = apply_overrides({}, parse_sets(sets))
-    task = build_task(TaskSpec(source=name, params=params), where="--set")
+    task = build_task(TaskSpec(source=name, params=params), where="params")
     console = stdout_console()
     for example in task.examples(split, seed, n):  # type: ignore[arg-type]
         console.rule(f"[bold]{escape(name)}[/] {escape(example.id)}")
@@ -228,6 +229,11 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
 # clbench run
 # ---------------------------------------------------------------------------------------------
 
+def _task_label(task: Any) -> str:
+    params = " ".join(f"{k}={v}" for k, v in task.params.items())
+    return f"{task.source} {params}".strip()
+
+
 def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> None:
     """The validated plan of a run: stages and budgets, columns, model, method config."""
     suite = run.suite
@@ -241,19 +247,23 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
     console.print(f"[bold]model[/] {escape(model.name)} (dtype {model.dtype}"
                   + (f", revision {escape(model.revision)}" if model.revision else "") + ")")
 
-    stages = Table(title="stages", title_justify="left")
-    for col in ("#", "name", "task", "train items", "steps", "prompts/step", "samples/prompt",
-                "max new tokens", "temperature", "lr"):
-        stages.add_column(col, no_wrap=col in ("#", "name"))
-    for i, stage in enumerate(suite.stages, start=1):
+    # train: items drawn; prompts/samples: per step and per prompt; tokens: max new tokens.
+    stages = Table(title="stages", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                   collapse_padding=True)
+    stages.add_column("stage", no_wrap=True)
+    stages.add_column("task", overflow="fold", min_width=16)
+    for col in ("train", "steps", "prompts", "samples", "tokens", "temp", "lr"):
+        stages.add_column(col, no_wrap=True, justify="right")
+    for stage in suite.stages:
         b = stage.budget
-        stages.add_row(str(i), stage.name, escape(stage.task.source), str(stage.task.train_size),
-                       str(b.steps), str(b.prompts_per_step), str(b.samples_per_prompt),
-                       str(b.max_new_tokens), f"{b.temperature:g}",
-                       "method default" if b.lr is None else f"{b.lr:g}")
+        stages.add_row(stage.name, escape(_task_label(stage.task)),
+                       str(stage.task.train_size), str(b.steps), str(b.prompts_per_step),
+                       str(b.samples_per_prompt), str(b.max_new_tokens), f"{b.temperature:g}",
+                       "default" if b.lr is None else f"{b.lr:g}")
     console.print(stages)
 
-    columns = Table(title="evaluation columns", title_justify="left")
+    columns = Table(title="evaluation columns", title_justify="left", box=box.SIMPLE_HEAD,
+                    show_edge=False)
     for col in ("column", "kind", "source", "items"):
         columns.add_column(col)
     eval_size = suite.protocol.eval_size

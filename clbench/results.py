@@ -281,7 +281,9 @@ def read_results(path: str | os.PathLike[str]) -> RunResult:
     try:
         return RunResult.model_validate(data, context={"lenient": found[1] > ours[1]})
     except ValidationError as err:
-        raise ResultsError(describe_validation_error(err, str(path))) from None
+        hint = f"not part of results schema {RESULTS_SCHEMA_VERSION}"
+        raise ResultsError(describe_validation_error(err, str(path),
+                                                     unknown_field_hint=hint)) from None
 
 
 def collect_versions() -> dict[str, str]:

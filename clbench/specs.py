@@ -238,7 +238,11 @@ def format_loc(loc: tuple[Any, ...]) -> str:
     return out or "<root>"
 
 
-def describe_validation_error(err: Any, source: str, prefix: str = "") -> str:
+_UNKNOWN_FIELD_HINT = "check the spelling; `clbench schema` lists the fields"
+
+
+def describe_validation_error(err: Any, source: str, prefix: str = "",
+                              unknown_field_hint: str = _UNKNOWN_FIELD_HINT) -> str:
     """Render a pydantic ValidationError as lines `source: prefix.field.path: what was expected`.
 
     `prefix` is where the validated object sits in a larger document (e.g. `method.params`);
@@ -249,7 +253,7 @@ def describe_validation_error(err: Any, source: str, prefix: str = "") -> str:
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; `clbench schema` lists the fields)"
+            msg = f"unknown field ({unknown_field_hint})"
         elif e["type"] == "missing":
             msg = "required field is missing"
         path = format_loc(loc) if loc else ""

@@ -1,0 +1,177 @@
+"""The `clbench` command through click's runner: output, exit codes, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from clbench.cli import cli
+from clbench.suites import SuiteNotFoundError
+
+
+def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner(env={"COLUMNS": "160", **(env or {})}).invoke(cli, list(args))
+
+
+def assert_user_error(result: Result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith("error: ")
+    for fragment in fragments:
+        assert fragment in result.stderr
+
+
+def test_version_and_help() -> None:
+    assert invoke("--version").output == "clbench, version 0.1.0\n"
+    for command in (["--help"], ["list", "--help"], ["validate", "--help"], ["schema", "--help"],
+                    ["tasks", "show", "--help"], ["run", "--help"]):
+        result = invoke(*command)
+        assert result.exit_code == 0
+        assert "Example:" in result.output, command
+
+
+def test_list_methods_and_tasks(fake_plugins) -> None:
+    methods = invoke("list", "methods")
+    assert methods.exit_code == 0
+    row = next(line for line in methods.output.splitlines() if "fake-method" in line)
+    assert "A method that trains nothing (test plugin)." in row and "fake-dist" in row
+    tasks = invoke("list", "tasks")
+    row = next(line for line in tasks.output.splitlines() if "fake.addition" in line)
+    assert [w for w in ("math", "offline", "Apache-2.0", "fake-dist") if w not in row] == []
+
+
+def test_list_suites(write_suite) -> None:
+    path = write_suite(name="mine.yaml")
+    result = invoke("list", "suites", env={"CLBENCH_SUITE_PATH": str(path.parent)})
+    row = next(line for line in result.output.splitlines() if " mine " in line)
+    assert "Two fake stages and one probe." in row
+
+
+def test_list_rejects_unknown_kind() -> None:
+    result = invoke("list", "widgets")
+    assert result.exit_code == 2
+    assert "'widgets' is not one of 'methods', 'tasks', 'suites'" in result.output
+
+
+def test_validate_ok_and_errors(write_suite, fake_plugins) -> None:
+    good = write_suite()
+    bad = write_suite("""\
+        name: tiny
+        stages:
+          - {name: a, task: {source: fake.addition}, budget: {steps: 0}}
+        """, name="bad.yaml")
+    bad_params = write_suite("""\
+        name: tiny
+        stages:
+          - {name: a, task: {source: fake.addition, params: {level: 5}}, budget: {steps: 1}}
+        """, name="bad_params.yaml")
+    ok = invoke("validate", str(good))
+    assert ok.exit_code == 0
+    assert ok.output.startswith(f"OK   {good} (tiny: 2 stages, 1 probes)")
+
+    result = invoke("validate", str(good), str(bad), str(bad_params))
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    assert f"OK   {good}" in result.stdout
+    assert f"FAIL {bad}\n{bad}: stages[0].budget.steps: Input should be greater than or equal " \
+           "to 1" in result.stderr
+    assert f"{bad_params}: stages[0].task.params.level: Input should be less than or equal " \
+           "to 3" in result.stderr
+
+
+def test_validate_refuses_python_tags(write_suite, tmp_path: Path) -> None:
+    path = write_suite("name: !!python/object/apply:os.system ['touch x']\n", name="evil.yaml")
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2
+    assert "not valid YAML" in result.stderr and "Traceback" not in result.output
+
+
+def test_schema_to_stdout_and_file(tmp_path: Path) -> None:
+    result = invoke("schema")
+    schema = json.loads(result.output)
+    assert schema["title"] == "SuiteSpec" and "stages" in schema["required"]
+    out = tmp_path / "suite.schema.json"
+    assert invoke("schema", "--output", str(out)).exit_code == 0
+    assert json.loads(out.read_text()) == schema
+
+
+def test_tasks_show(fake_plugins) -> None:
+    result = invoke("tasks", "show", "fake.addition", "--n", "2", "--seed", "0", "--split",
+                    "eval", "--set", "level=2")
+    assert result.exit_code == 0, result.output
+    assert "user: What is 10 + 10010?" in result.output
+    assert "reference: 10 + 10010 = 10020." in result.output
+    assert result.output.count("grade of the reference: reward 1.000, correct True") == 2
+    assert "eval-1" in result.output and "eval-2" not in result.output
+
+
+def test_tasks_show_errors(fake_plugins) -> None:
+    assert_user_error(invoke("tasks", "show", "fake.addition", "--set", "level=9"),
+                      "params.level: Input should be less than or equal to 3")
+    assert_user_error(invoke("tasks", "show", "fake.adition"),
+                      "unknown task source 'fake.adition'. Did you mean 'fake.addition'?")
+
+
+def test_run_plan(write_suite, fake_plugins) -> None:
+    path = write_suite()
+    result = invoke("run", "--suite", str(path), "--method", "fake-method", "--seed", "4",
+                    "--set", "stages[1].budget.steps=7", "--set", "method.beta=0.5", "--plan")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "runs/tiny/fake-method/s4" in out
+    assert "model smollm2-135m (dtype auto)" in out
+    stage2 = next(line for line in out.splitlines() if line.startswith(" add2 ")).split()
+    assert stage2[1:3] == ["fake.addition", "level=2"]
+    assert stage2[3:5] == ["512", "7"]  # train items, then steps with the override applied
+    assert "add3" in out and "ood" in out  # the probe column
+    assert '"lr": 1e-05' in out and '"beta": 0.5' in out  # resolved method config
+
+
+def test_run_calls_the_protocol(write_suite, fake_plugins, monkeypatch, tmp_path: Path) -> None:
+    calls = []
+    fake = types.ModuleType("clbench.protocol")
+    fake.execute = lambda run, resume, console: calls.append((run, resume))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "clbench.protocol", fake)
+    out = tmp_path / "out"
+    result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method", "--out",
+                    str(out), "--resume", "--model", "tiny-llama", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    ((run, resume),) = calls
+    assert resume is True
+    assert (run.out_dir, run.model.name, run.device) == (str(out), "tiny-llama", "cpu")
+
+
+def test_run_without_protocol_prints_plan_only(write_suite, fake_plugins, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "clbench.protocol", None)  # import fails as if missing
+    result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
+    assert result.exit_code == 0
+    assert "execution is not available" in result.output
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["--suite", "no-such-suite", "--method", "fake-method"], ["unknown suite 'no-such-suite'"]),
+    (["--method", "fake-methd"], ["unknown method 'fake-methd'. Did you mean 'fake-method'?"]),
+    (["--method", "fake-method", "--set", "method.lr=0"], ["method.lr: Input should be greater "
+                                                          "than 0"]),
+    (["--method", "fake-method", "--set", "stages[9].budget.steps=1"], ["stages[9] does not "
+                                                                        "exist"]),
+    (["--method", "fake-method", "--set", "oops"], ["expected KEY=VALUE"]),
+    (["--method", "fake-method", "--device", "gpu"], ["--device 'gpu'"]),
+])
+def test_run_user_errors_exit_2_without_traceback(write_suite, fake_plugins, args: list[str],
+                                                  fragments: list[str]) -> None:
+    if "--suite" not in args:
+        args = ["--suite", str(write_suite()), *args]
+    assert_user_error(invoke("run", *args, "--plan"), *fragments)
+
+
+def test_debug_shows_the_exception(fake_plugins) -> None:
+    result = invoke("--debug", "run", "--suite", "no-such-suite", "--method", "fake-method")
+    assert isinstance(result.exception, SuiteNotFoundError)
+    assert result.exit_code == 1

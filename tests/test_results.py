@@ -1,0 +1,217 @@
+"""results.json: round trip, shape checks, version rules, atomic writes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from clbench import atomic
+from clbench.results import (
+    RESULTS_SCHEMA_VERSION,
+    Cell,
+    Column,
+    MetricValue,
+    ResultsError,
+    RunResult,
+    StageRecord,
+    collect_versions,
+    columns_for_suite,
+    git_revision,
+    new_result,
+    read_results,
+    write_results,
+)
+from clbench.specs import MethodSpec, ModelSpec, RunSpec
+from clbench.suites import load_suite
+
+
+@pytest.fixture
+def run_spec(write_suite) -> RunSpec:
+    suite = load_suite(write_suite())
+    return RunSpec(suite=suite, method=MethodSpec(name="fake-method", params={"lr": 2e-5}),
+                   model=ModelSpec(name="tiny-llama"), seed=1, out_dir="runs/x")
+
+
+def filled(run_spec: RunSpec) -> RunResult:
+    result = new_result(run_spec, method_config={"lr": 2e-5, "beta": 0.0})
+    result.row_labels = ["base", "after add1"]
+    result.matrix = [[Cell(score=0.25, n=16, ci_low=0.06, ci_high=0.5), Cell(score=0.0, n=16),
+                      None],
+                     [Cell(score=0.75, n=16), Cell(score=0.125, n=16), Cell(score=0.5, n=4)]]
+    result.metrics = {"bwt": MetricValue(value=None, variant="t_minus_1"),
+                      "forgetting": MetricValue(value=0.1, variant="max", higher_is_better=False)}
+    result.stages = [StageRecord(index=1, name="add1", summary={"loss": 1.5, "kl": float("nan")},
+                                 counters={"generated_tokens": 640}, wall_time={"train": 3.5})]
+    result.compute.tokens = {"generated": 640}
+    return result
+
+
+def test_new_result_records_provenance(run_spec: RunSpec) -> None:
+    result = new_result(run_spec)
+    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.0"
+    assert result.status == "partial"
+    assert result.suite_hash == run_spec.suite.content_hash()
+    assert result.suite_spec() == run_spec.suite
+    assert result.method.config == {"lr": 2e-5}
+    assert result.model.spec["name"] == "tiny-llama"
+    assert result.seed == 1
+    assert {"python", "clbench", "torch", "pydantic"} <= set(result.versions)
+    assert [(c.name, c.kind, c.stage, c.source) for c in result.columns] == [
+        ("add1", "stream", 1, "fake.addition"), ("add2", "stream", 2, "fake.addition"),
+        ("add3", "ood", None, "fake.addition")]
+
+
+def test_round_trip(tmp_path: Path, run_spec: RunSpec) -> None:
+    result = filled(run_spec)
+    path = write_results(tmp_path / "run" / "results.json", result)
+    back = read_results(path)
+    assert back.score_matrix() == [[0.25, 0.0, None], [0.75, 0.125, 0.5]]
+    assert back.matrix[0][0] == Cell(score=0.25, n=16, ci_low=0.06, ci_high=0.5)
+    assert back.metrics["bwt"].value is None
+    assert back.metrics["forgetting"].higher_is_better is False
+    assert back.stages[0].summary == {"loss": 1.5, "kl": None}  # NaN is not JSON: stored as null
+    assert back.created == result.created and back.updated >= back.created
+    assert back.model_dump() == result.model_dump() | {"stages": back.model_dump()["stages"]}
+    raw = json.loads(path.read_text())
+    assert raw["schema_version"] == "1.0" and raw["matrix"][0][2] is None
+
+
+def test_shape_is_checked(run_spec: RunSpec) -> None:
+    result = filled(run_spec).model_dump(mode="json")
+    short_row = json.loads(json.dumps(result))
+    short_row["matrix"][1] = short_row["matrix"][1][:2]
+    with pytest.raises(ValueError, match="matrix row 1 has 2 cells for 3 columns"):
+        RunResult.model_validate(short_row)
+    extra_rows = json.loads(json.dumps(result))
+    extra_rows["matrix"] += [extra_rows["matrix"][1]] * 2
+    extra_rows["row_labels"] += ["after add2", "after add3"]
+    with pytest.raises(ValueError, match="4 matrix rows for 2 stages"):
+        RunResult.model_validate(extra_rows)
+    with pytest.raises(ValueError, match="stream columns carry their stage index"):
+        Column(name="x", kind="ood", stage=1, source="s")
+    with pytest.raises(ValueError, match="ci_low 0.6 is above ci_high 0.4"):
+        Cell(score=0.5, n=3, ci_low=0.6, ci_high=0.4)
+
+
+def test_unknown_major_version_is_refused(tmp_path: Path, run_spec: RunSpec) -> None:
+    path = write_results(tmp_path / "results.json", filled(run_spec))
+    data = json.loads(path.read_text())
+    data["schema_version"] = "2.0"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultsError) as info:
+        read_results(path)
+    assert str(info.value) == (f"{path}: results schema version 2.0 is from a newer clbench; "
+                               "this clbench reads 1.x. Install a clbench that reads schema 2.x "
+                               "to use this file.")
+
+
+def test_newer_minor_version_is_read_and_its_new_fields_ignored(tmp_path: Path,
+                                                                 run_spec: RunSpec) -> None:
+    path = write_results(tmp_path / "results.json", filled(run_spec))
+    data = json.loads(path.read_text())
+    data["schema_version"] = "1.7"
+    data["energy_kwh"] = 0.3
+    data["matrix"][0][0]["median"] = 0.2
+    path.write_text(json.dumps(data))
+    back = read_results(path)
+    assert back.matrix[0][0].score == 0.25
+    # The same unknown fields in a document of our own version are an error, not ignored.
+    data["schema_version"] = RESULTS_SCHEMA_VERSION
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultsError) as info:
+        read_results(path)
+    assert sorted(str(info.value).splitlines()) == [
+        f"{path}: energy_kwh: unknown field (not part of results schema 1.0)",
+        f"{path}: matrix[0][0].median: unknown field (not part of results schema 1.0)"]
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (None, "no such results file"),
+    ("{not json", "not a readable JSON results file"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    ('{"schema_version": 1}', "schema_version 1 is not of the form MAJOR.MINOR"),
+    ('{"schema_version": "1.0", "status": "done"}', "status: Input should be 'complete', "
+                                                    "'partial', 'failed' or 'collapsed'"),
+])
+def test_unreadable_results_are_user_errors(tmp_path: Path, content: str | None,
+                                            message: str) -> None:
+    path = tmp_path / "results.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ResultsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        read_results(path)
+
+
+def test_atomic_write_replaces_whole_file(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "a.json"
+    atomic.atomic_write_json(path, {"v": 1})
+    atomic.atomic_write_json(path, {"v": 2, "text": "é"})
+    assert json.loads(path.read_text(encoding="utf-8")) == {"v": 2, "text": "é"}
+    assert os.stat(path).st_mode & 0o777 == 0o644
+    assert [p.name for p in path.parent.iterdir()] == ["a.json"]  # no temporary file left
+
+
+def test_crash_mid_write_leaves_old_file_intact(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / "results.json"
+    atomic.atomic_write_text(path, "old complete content\n")
+
+    def crash(src: str, dst: str) -> None:
+        raise KeyboardInterrupt  # killed between writing the temporary file and the rename
+
+    monkeypatch.setattr(atomic.os, "replace", crash)
+    with pytest.raises(KeyboardInterrupt):
+        atomic.atomic_write_text(path, "new content that never lands\n")
+    assert path.read_text() == "old complete content\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
+
+
+def test_unserialisable_data_leaves_old_file_intact(tmp_path: Path) -> None:
+    path = tmp_path / "a.json"
+    atomic.atomic_write_json(path, {"v": 1})
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        atomic.atomic_write_json(path, {"v": float("inf")})
+    with pytest.raises(TypeError):
+        atomic.atomic_write_json(path, {"v": object()})
+    assert json.loads(path.read_text()) == {"v": 1}
+
+
+def test_kill_mid_write_in_a_subprocess_never_exposes_a_partial_file(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "big.json"
+    atomic.atomic_write_json(path, {"old": True})
+    # A child rewrites a large document in a loop; we read it meanwhile, then SIGKILL the child
+    # wherever it is. A plain open-and-write fails this within a few reads (empty or cut file).
+    writer = ("import sys; from clbench.atomic import atomic_write_json\n"
+              "i = 0\n"
+              "while True:\n"
+              "    i += 1; atomic_write_json(sys.argv[1], {'i': i, 'x': 'y' * 3_000_000})")
+    child = subprocess.Popen([sys.executable, "-c", writer, str(path)])
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 15
+        while len(seen) < 5 and time.monotonic() < deadline:
+            data = json.loads(path.read_text())  # raises on a half-written file
+            if "i" in data:
+                assert len(data["x"]) == 3_000_000
+                seen.add(data["i"])
+    finally:
+        child.kill()
+        child.wait()
+    assert len(seen) >= 5  # we really did read while the child was rewriting
+    data = json.loads(path.read_text())
+    assert len(data["x"]) == 3_000_000
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == ["big.json"]
+
+
+def test_versions_and_git_revision(tmp_path: Path) -> None:
+    versions = collect_versions()
+    assert versions["python"].count(".") == 2
+    rev = git_revision()
+    assert rev is None or (len(rev.split("+")[0]) == 40 and rev.split("+")[1:] in ([], ["dirty"]))
+    assert git_revision(tmp_path) is None  # not a checkout
