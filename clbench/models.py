@@ -178,7 +178,12 @@ def _load_pretrained(name_or_path: str, dtype: torch.dtype, revision: str | None
                                                      trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         where = "local folder" if local.exists() else "hub id (is the hub reachable?)"
-        raise ModelLoadError(f"cannot load model {name_or_path!r} as a {where}: {exc}") from None
+        hint = ""
+        if "trust_remote_code" in str(exc) and not trust_remote_code:
+            hint = ("\nThe model ships its own code; if you trust its authors set "
+                    "`trust_remote_code: true` in the model spec.")
+        raise ModelLoadError(f"cannot load model {name_or_path!r} as a {where}: {exc}{hint}"
+                             ) from None
     return model, tokenizer
 
 
