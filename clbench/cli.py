@@ -47,6 +47,11 @@ class ClbenchGroup(click.Group):
                 raise
             stderr_console().print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            if ctx.find_root().params.get("debug"):
+                raise
+            stderr_console().print("[yellow]interrupted[/]")
+            ctx.exit(130)  # the shell's convention for SIGINT
 
 
 @click.group(cls=ClbenchGroup, context_settings=CONTEXT_SETTINGS)
@@ -76,6 +81,11 @@ def parse_sets(values: tuple[str, ...]) -> list[str]:
 # clbench list
 # ---------------------------------------------------------------------------------------------
 
+def _listing_table(title: str) -> Table:
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                 collapse_padding=True)
+
+
 @cli.command("list")
 @click.argument("what", type=click.Choice(["methods", "tasks", "suites"]))
 def list_command(what: str) -> None:
@@ -89,10 +99,10 @@ def list_command(what: str) -> None:
     if what == "suites":
         from clbench.suites import list_suites
 
-        table = Table(title="suites", title_justify="left")
+        table = _listing_table("suites")
         table.add_column("name", no_wrap=True, style="bold")
-        table.add_column("description", overflow="fold")
-        table.add_column("path", overflow="fold")
+        table.add_column("description", overflow="fold", min_width=24, ratio=2)
+        table.add_column("path", overflow="fold", ratio=1)
         for suite in list_suites():
             table.add_row(suite.name, escape(suite.description), str(suite.path))
         console.print(table)
@@ -101,19 +111,24 @@ def list_command(what: str) -> None:
     from clbench import registry
 
     group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
-    table = Table(title=what, title_justify="left")
-    table.add_column("name", no_wrap=True, style="bold")
-    table.add_column("description", overflow="fold")
-    if what == "tasks":
-        for col in ("domain", "origin", "license"):
-            table.add_column(col, no_wrap=True)
-    table.add_column("distribution", no_wrap=True)
+    details = ("domain", "origin", "license") if what == "tasks" else ()
+    # On a narrow terminal the description goes under the name instead of in its own column,
+    # so that the distribution column still fits.
+    stacked = bool(details) and console.width < 120
+    table = _listing_table(what)
+    table.add_column("name", no_wrap=not stacked, overflow="fold")
+    if not stacked:
+        table.add_column("description", overflow="fold", min_width=20, ratio=1)
+    for col in details:
+        table.add_column(col, no_wrap=True)
+    table.add_column("distribution", overflow="fold", min_width=7)
     for info in registry.list_plugins(group):
         description = escape(info.description)
         if info.load_error:
             description = f"[red]{description}[/]"
-        extra = [info.details.get(c, "") for c in ("domain", "origin", "license")]
-        table.add_row(info.name, description, *(extra if what == "tasks" else []),
+        name = f"[bold]{escape(info.name)}[/]"
+        cells = [f"{name}\n{description}"] if stacked else [name, description]
+        table.add_row(*cells, *(info.details.get(c, "") for c in details),
                       info.distribution or "?")
     console.print(table)
 
@@ -211,7 +226,7 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
     task = build_task(TaskSpec(source=name, params=params), where="params")
     console = stdout_console()
     for example in task.examples(split, seed, n):  # type: ignore[arg-type]
-        console.rule(f"[bold]{escape(name)}[/] {escape(example.id)}")
+        console.rule(f"[bold]{escape(example.id)}[/]")
         for message in example.messages:
             console.print(f"[cyan]{escape(message['role'])}:[/] {escape(message['content'])}",
                           soft_wrap=True)
@@ -229,9 +244,8 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
 # clbench run
 # ---------------------------------------------------------------------------------------------
 
-def _task_label(task: Any) -> str:
-    params = " ".join(f"{k}={v}" for k, v in task.params.items())
-    return f"{task.source} {params}".strip()
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in params.items())
 
 
 def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> None:
@@ -247,37 +261,40 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
     console.print(f"[bold]model[/] {escape(model.name)} (dtype {model.dtype}"
                   + (f", revision {escape(model.revision)}" if model.revision else "") + ")")
 
-    # train: items drawn; prompts/samples: per step and per prompt; tokens: max new tokens.
     stages = Table(title="stages", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-                   collapse_padding=True)
+                   collapse_padding=True,
+                   caption="train: items; prompts: per step; samples: per prompt; tokens: max "
+                           "new tokens; lr -: the method's", caption_justify="left")
     stages.add_column("stage", no_wrap=True)
-    stages.add_column("task", overflow="fold", min_width=16)
+    stages.add_column("task", overflow="fold", min_width=12)
     for col in ("train", "steps", "prompts", "samples", "tokens", "temp", "lr"):
         stages.add_column(col, no_wrap=True, justify="right")
     for stage in suite.stages:
         b = stage.budget
-        stages.add_row(stage.name, escape(_task_label(stage.task)),
+        stages.add_row(stage.name, escape(stage.task.source),
                        str(stage.task.train_size), str(b.steps), str(b.prompts_per_step),
                        str(b.samples_per_prompt), str(b.max_new_tokens), f"{b.temperature:g}",
-                       "default" if b.lr is None else f"{b.lr:g}")
+                       "-" if b.lr is None else f"{b.lr:g}")
     console.print(stages)
 
     columns = Table(title="evaluation columns", title_justify="left", box=box.SIMPLE_HEAD,
-                    show_edge=False)
+                    show_edge=False, collapse_padding=True)
     for col in ("column", "kind", "source", "items"):
-        columns.add_column(col)
+        columns.add_column(col, no_wrap=True)
+    columns.add_column("params", overflow="fold", min_width=12)
     eval_size = suite.protocol.eval_size
     for stage in suite.stages:
         columns.add_row(stage.name, "stream", escape(stage.task.source),
-                        str(stage.task.eval_size or eval_size))
+                        str(stage.task.eval_size or eval_size), escape(_params(stage.task.params)))
     for probe in suite.probes:
         if probe.task is not None:
             columns.add_row(probe.name, probe.kind, escape(probe.task.source),
-                            str(probe.task.eval_size or eval_size))
+                            str(probe.task.eval_size or eval_size),
+                            escape(_params(probe.task.params)))
         else:
             lm = probe.lm_eval
             columns.add_row(probe.name, probe.kind, escape(f"lm_eval:{lm.task}"),
-                            str(lm.limit) if lm.limit else "all")
+                            str(lm.limit) if lm.limit else "all", f"metric={escape(lm.metric)}")
     console.print(columns)
     console.print(f"[bold]metrics[/] {', '.join(suite.protocol.metrics)}; decoding "
                   f"temperature {suite.protocol.decoding.temperature:g}, max new tokens "

@@ -44,6 +44,12 @@ def test_list_methods_and_tasks(fake_plugins) -> None:
     tasks = invoke("list", "tasks")
     row = next(line for line in tasks.output.splitlines() if "fake.addition" in line)
     assert [w for w in ("math", "offline", "Apache-2.0", "fake-dist") if w not in row] == []
+    assert "Add two numbers (test source)." in row
+    # An 80-column terminal keeps every column; the description moves under the name.
+    narrow = invoke("list", "tasks", env={"COLUMNS": "80"}).output.splitlines()
+    i = next(i for i, line in enumerate(narrow) if "fake.addition" in line)
+    assert [w for w in ("math", "offline", "Apache-2.0", "fake-dist") if w not in narrow[i]] == []
+    assert narrow[i + 1].strip() == "Add two numbers (test source)."
 
 
 def test_list_suites(write_suite) -> None:
@@ -126,10 +132,11 @@ def test_run_plan(write_suite, fake_plugins) -> None:
     out = result.output
     assert "runs/tiny/fake-method/s4" in out
     assert "model smollm2-135m (dtype auto)" in out
-    stage2 = next(line for line in out.splitlines() if line.startswith(" add2 ")).split()
-    assert stage2[1:3] == ["fake.addition", "level=2"]
-    assert stage2[3:5] == ["512", "7"]  # train items, then steps with the override applied
-    assert "add3" in out and "ood" in out  # the probe column
+    add2 = [line.split() for line in out.splitlines() if line.startswith(" add2 ")]
+    assert add2[0][:4] == ["add2", "fake.addition", "512", "7"]  # train items, overridden steps
+    assert add2[1] == ["add2", "stream", "fake.addition", "16", "level=2"]  # its column
+    assert ["add3", "ood", "fake.addition", "16", "level=3"] in [line.split() for line in
+                                                                 out.splitlines()]
     assert '"lr": 1e-05' in out and '"beta": 0.5' in out  # resolved method config
 
 
@@ -175,3 +182,15 @@ def test_debug_shows_the_exception(fake_plugins) -> None:
     result = invoke("--debug", "run", "--suite", "no-such-suite", "--method", "fake-method")
     assert isinstance(result.exception, SuiteNotFoundError)
     assert result.exit_code == 1
+
+
+def test_ctrl_c_exits_130_without_traceback(write_suite, fake_plugins, monkeypatch) -> None:
+    def interrupted(run, resume, console):
+        raise KeyboardInterrupt
+
+    fake = types.ModuleType("clbench.protocol")
+    fake.execute = interrupted  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "clbench.protocol", fake)
+    result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
+    assert result.exit_code == 130
+    assert result.stderr == "interrupted\n" and "Traceback" not in result.output

@@ -229,11 +229,11 @@ def test_suite_found_by_name_through_the_search_path(write_suite, monkeypatch) -
 
 
 def test_unknown_suite_name_suggests_close_names(write_suite, monkeypatch) -> None:
-    path = write_suite(name="starter-mini.yaml")
+    path = write_suite(name="zebra-walk.yaml")
     monkeypatch.setenv("CLBENCH_SUITE_PATH", str(path.parent))
     with pytest.raises(SuiteNotFoundError) as info:
-        resolve_suite("starter-mnii")
-    assert "unknown suite 'starter-mnii'. Did you mean 'starter-mini'?" in str(info.value)
+        resolve_suite("zebra-wlak")
+    assert "unknown suite 'zebra-wlak'. Did you mean 'zebra-walk'?" in str(info.value)
     with pytest.raises(SuiteNotFoundError, match="no such suite file"):
         resolve_suite(str(path.parent / "absent.yaml"))
 
