@@ -199,7 +199,12 @@ def schema_command(output: Path | None) -> None:
 
 @cli.group("tasks", cls=ClbenchGroup)
 def tasks_group() -> None:
-    """Inspect task sources."""
+    """Inspect task sources (`clbench list tasks` lists them).
+
+    \b
+    Example:
+      clbench tasks show tool_use.generated --n 2
+    """
 
 
 @tasks_group.command("show")

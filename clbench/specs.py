@@ -213,7 +213,8 @@ class RunSpec(Spec):
                              "overridden).")
     seed: int = Field(default=0, description="Run seed: rollout sampling, data order, init.")
     out_dir: str = Field(description="Run directory: results, checkpoints, logs.")
-    device: str = Field(default="auto", description="`auto`, `cpu`, `cuda`, `cuda:N`.")
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
+                        description="`auto`, `cpu`, `mps`, `cuda`, `cuda:N`.")
     suite_file: str | None = Field(default=None, description="The suite file the run was "
                                    "built from; relative paths in the suite (e.g. an lm-eval "
                                    "`include_path`) resolve against its folder.")

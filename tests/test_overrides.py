@@ -121,3 +121,9 @@ def test_build_run_spec_unknown_method(write_suite, fake_plugins) -> None:
     with pytest.raises(PluginError, match="unknown method 'fake-metod'. Did you mean "
                                           "'fake-method'?"):
         build_run_spec(write_suite(), "fake-metod")
+
+
+def test_build_run_spec_checks_the_device(write_suite, fake_plugins) -> None:
+    assert build_run_spec(write_suite(), "fake-method", device="cuda:1").device == "cuda:1"
+    with pytest.raises(SpecError, match=r"run: device: String should match pattern"):
+        build_run_spec(write_suite(), "fake-method", device="gpu")
