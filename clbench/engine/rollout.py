@@ -170,7 +170,7 @@ class HFGenerator(Generator):
                         eos_ids: set[int]) -> list[list[int]]:
         """Raw generated ids per row (may run past EOS into padding; trimmed by the caller)."""
         import torch
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, StoppingCriteriaList
 
         pad_id = self.tokenizer.pad_token_id
         width = max(len(s) for s in sequences)
@@ -187,15 +187,38 @@ class HFGenerator(Generator):
             top_p=params.top_p if not params.greedy else None, top_k=0 if not params.greedy
             else None, eos_token_id=sorted(eos_ids) or None, pad_token_id=pad_id,
             bos_token_id=None, use_cache=True)
-        kwargs = {}
+        criteria = StoppingCriteriaList()
         if params.stop:
-            kwargs = {"stop_strings": list(params.stop), "tokenizer": self.tokenizer}
+            criteria.append(StopStringCriteria(self.tokenizer, params.stop, width))
         device = self.model.device
         with torch.no_grad():
             result = self.model.generate(input_ids=input_ids.to(device),
                                          attention_mask=attention.to(device),
-                                         generation_config=config, **kwargs)
+                                         generation_config=config, stopping_criteria=criteria)
         return result[:, width:].tolist()
+
+
+class StopStringCriteria:
+    """Ends a row once its decoded completion contains a stop string.
+
+    Works on decoded text, so it is exact for any tokenizer (transformers' own stop-string
+    matcher reasons about token spellings and misfires on character-level vocabularies). The
+    text is cut afterwards by :func:`finish_completion`; this only saves the wasted tokens.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str],
+                 prompt_width: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids, scores, **kwargs):  # noqa: ANN001, ANN204 - transformers' API
+        import torch
+
+        done = [_earliest_stop(self.tokenizer.decode(row[self.prompt_width:],
+                                                     skip_special_tokens=True), self.stop)
+                is not None for row in input_ids.tolist()]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def _batch_seed(seed: int, batch_no: int) -> int:

@@ -1,0 +1,123 @@
+"""Rollouts: batching and left padding, n samples, seeding, greedy, EOS, stop strings, max tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from clbench.engine.rollout import HFGenerator, SamplingParams, encode_chat, finish_completion
+from toy import tiny
+
+PROMPTS = [[{"role": "user", "content": "hi"}],
+           [{"role": "user", "content": "a much longer prompt than the first one"}],
+           [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "why?"}]]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    return tiny("tiny-llama", seed=1)
+
+
+def greedy(n_tokens: int = 12) -> SamplingParams:
+    return SamplingParams(n=1, temperature=0.0, max_new_tokens=n_tokens)
+
+
+def test_left_padded_batch_gives_the_same_greedy_output_as_one_by_one(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    batched = HFGenerator(model, tok, batch_size=8).generate(PROMPTS, greedy())
+    for i, prompt in enumerate(PROMPTS):
+        single = HFGenerator(model, tok, batch_size=1).generate([prompt], greedy())[0]
+        assert batched[i].completion_ids == single.completion_ids
+        assert batched[i].prompt_ids == encode_chat(tok, prompt)
+
+
+def test_max_new_tokens_bounds_unfinished_rollouts(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    rollouts = HFGenerator(model, tok).generate(PROMPTS, greedy(5))
+    assert [len(r.completion_ids) for r in rollouts] == [5, 5, 5]
+    assert not any(r.finished for r in rollouts)
+    assert all(r.text == tok.decode(r.completion_ids, skip_special_tokens=True) for r in rollouts)
+
+
+def test_n_samples_per_prompt_come_out_prompt_major_and_seeded(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    gen = HFGenerator(model, tok, batch_size=4)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=10, seed=5)
+    first = gen.generate(PROMPTS, params)
+    assert [(r.prompt_index, r.sample_index) for r in first] == [
+        (p, s) for p in range(3) for s in range(3)]
+    again = gen.generate(PROMPTS, params)
+    assert [r.completion_ids for r in first] == [r.completion_ids for r in again]
+    other = gen.generate(PROMPTS, SamplingParams(n=3, temperature=1.0, max_new_tokens=10, seed=6))
+    assert [r.completion_ids for r in first] != [r.completion_ids for r in other]
+    # Samples of one prompt differ from each other (they are samples, not copies).
+    assert len({tuple(r.completion_ids) for r in first[:3]}) == 3
+
+
+def test_tiny_nucleus_is_greedy(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    gen = HFGenerator(model, tok)
+    sampled = gen.generate(PROMPTS, SamplingParams(n=1, temperature=1.0, top_p=1e-6,
+                                                   max_new_tokens=8, seed=3))
+    assert [r.completion_ids for r in sampled] == [
+        r.completion_ids for r in gen.generate(PROMPTS, greedy(8))]
+
+
+def test_eos_ends_the_completion_and_is_kept_in_ids_only(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    reference = HFGenerator(model, tok).generate(PROMPTS[:1], greedy(12))[0].completion_ids
+    eos = reference[3]
+    cut = reference.index(eos)
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tok.eos_token_id, eos]  # declare it an end token
+    try:
+        rollout = HFGenerator(model, tok).generate(PROMPTS[:1], greedy(12))[0]
+    finally:
+        model.generation_config.eos_token_id = saved
+    assert rollout.finished
+    assert rollout.completion_ids == reference[:cut + 1]
+    assert rollout.text == tok.decode(reference[:cut], skip_special_tokens=True)
+
+
+def test_stop_string_cuts_text_before_it_and_ids_after_it(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    reference = HFGenerator(model, tok).generate(PROMPTS[1:2], greedy(16))[0]
+    stop = reference.text[4:6]
+    at = reference.text.index(stop)
+    rollout = HFGenerator(model, tok).generate(
+        PROMPTS[1:2], SamplingParams(n=1, temperature=0.0, max_new_tokens=16, stop=(stop,)))[0]
+    assert rollout.finished
+    assert rollout.text == reference.text[:at]
+    ids = rollout.completion_ids
+    assert ids == reference.completion_ids[:len(ids)]
+    assert stop in tok.decode(ids, skip_special_tokens=True)
+    assert stop not in tok.decode(ids[:-1], skip_special_tokens=True)
+
+
+def test_finish_completion_takes_the_earliest_of_eos_and_stop():
+    from clbench.models import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    ids = tok("abc\nUser: x", add_special_tokens=False)["input_ids"]
+    eos = tok.eos_token_id
+    # EOS before the stop string: EOS wins and stays in the ids.
+    assert finish_completion(ids[:2] + [eos] + ids[2:], tok, {eos}, ["User:"]) == (
+        ids[:2] + [eos], "ab", True)
+    # Stop string before EOS: text cut before it, ids through its last character.
+    out_ids, text, finished = finish_completion(ids + [eos, 0, 0], tok, {eos}, ["\nUser:"])
+    assert (text, finished) == ("abc", True)
+    assert out_ids == ids[:9]
+    # Neither: everything, unfinished; padding after EOS is dropped.
+    assert finish_completion(ids, tok, {eos}, ["zzz"]) == (ids, "abc\nUser: x", False)
+
+
+def test_sampling_params_validate_and_follow_budgets():
+    from clbench.specs import Budget, DecodingSpec
+
+    params = SamplingParams.from_budget(Budget(steps=1, samples_per_prompt=8, max_new_tokens=48,
+                                               temperature=0.7), seed=2)
+    assert (params.n, params.temperature, params.max_new_tokens, params.seed) == (8, 0.7, 48, 2)
+    assert SamplingParams.from_decoding(DecodingSpec()).greedy
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="stop strings"):
+        SamplingParams(stop=("",))
