@@ -57,7 +57,7 @@ def test_generated_family_is_large_enough_to_train_on() -> None:
 ])
 def test_every_generated_reference_grades_correct(source: type, params: dict) -> None:
     task = source(params)
-    for split, size in (("train", 600), ("eval", 200)):
+    for split, size in (("train", 300), ("eval", 100)):
         for ex in task.examples(split, 7, size):
             grade = task.grade(ex, ex.reference)
             assert grade.correct and grade.reward == 1.0, (ex.reference, grade.feedback)

@@ -288,13 +288,15 @@ class GeneratedTools(ToolUseSource):
         rng = seeded_rng(self.name, self.params.model_dump_json(), split, seed)
         seen: set[str] = set()
         out: list[Example] = []
-        for _ in range(60 * size + 2000):
-            if len(out) == size:
-                return out
+        misses = 0  # draws in a row that gave nothing new: the item space is exhausted
+        while len(out) < size and misses < 2000:
             made = self._item(split, rng)
             if made and made[0] not in seen:
                 seen.add(made[0])
                 out.append(made[1])
+                misses = 0
+            else:
+                misses += 1
         if len(out) == size:
             return out
         raise ToolUseError(f"{self.name}: could only draw {len(out)} distinct {split} items of "
