@@ -1,0 +1,592 @@
+"""The continual protocol: evaluate the base model, then train and evaluate stage by stage.
+
+`execute(run)` fills the accuracy matrix R of one run (row 0 = base model, row t = after stage
+t) and keeps the run directory resumable at every moment:
+
+    run.json                  identity of the run (suite hash, method and config, model, seed)
+    results.json              the partial, then complete, result (atomic writes)
+    run.log                   log file
+    items/row{t}/{col}.jsonl  per-item evaluation records behind every cell
+    stages/stage{t}.json      the method's full stage report (every step)
+    checkpoints/stage{t}/     student weights, method state, RNG states of the last stage done
+
+A stage counts as done once its row is in results.json; the checkpoint is written before the row,
+so a run killed at any moment resumes from the last row on disk. Every stage re-seeds all RNGs
+from (run seed, stage index), so a resumed run draws exactly the numbers an uninterrupted run
+draws and, on CPU, ends with a bit-identical R.
+
+`sweep` (a grid of methods x seeds) and `report` (tables from results on disk) close the module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from clbench import registry
+from clbench.atomic import atomic_write_json
+from clbench.errors import UserError
+from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, records_path, \
+    write_records
+from clbench.metrics.continual import compute_metrics
+from clbench.results import (
+    RESULTS_FILENAME,
+    Cell,
+    MetricValue,
+    RunResult,
+    StageRecord,
+    new_result,
+    read_results,
+    write_results,
+)
+from clbench.specs import RunSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from clbench.engine.api import Method
+    from clbench.tasks.base import Example, TaskSource
+
+log = logging.getLogger("clbench.protocol")
+
+IDENTITY_FILE = "run.json"
+LOWER_IS_BETTER = {"forgetting", "intransigence"}
+
+
+class RunDirError(UserError):
+    """The run directory holds something this run must not overwrite."""
+
+
+class RunInterrupted(UserError):
+    """Ctrl-C: what was complete is saved; the run can be resumed."""
+
+    exit_code = 130
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeds
+# ---------------------------------------------------------------------------------------------
+
+def derive_seed(*parts: Any) -> int:
+    """A 31-bit seed from a stable hash of `parts` (independent of PYTHONHASHSEED)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "big") >> 1
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (all devices)."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_states() -> dict[str, Any]:
+    import torch
+
+    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+                              "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+# ---------------------------------------------------------------------------------------------
+# Run directory: identity and refusal
+# ---------------------------------------------------------------------------------------------
+
+def run_identity(run: RunSpec, method_config: dict[str, Any]) -> dict[str, Any]:
+    """What makes two runs the same run: suite content, method and config, model, seed."""
+    return {"suite": run.suite.name, "suite_hash": run.suite.content_hash(),
+            "method": run.method.name, "method_config": method_config,
+            "model": run.model.model_dump(mode="json"), "seed": run.seed}
+
+
+def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunResult | None:
+    """Refuse a directory of another run; return the existing result when resuming.
+
+    Fresh start: the directory must be absent or empty. Resume: it must hold this very run
+    (same suite hash, method config, model and seed) or be empty.
+    """
+    id_file = run_dir / IDENTITY_FILE
+    if not run_dir.exists() or not any(run_dir.iterdir()):
+        return None
+    if not id_file.is_file():
+        raise RunDirError(f"{run_dir} is not empty and holds no clbench run ({IDENTITY_FILE} "
+                          "missing); choose another --out")
+    found = json.loads(id_file.read_text(encoding="utf-8"))
+    diffs = [k for k in identity if found.get(k) != identity[k]]
+    if diffs:
+        detail = "; ".join(f"{k}: {_short(found.get(k))} there, {_short(identity[k])} now"
+                           for k in diffs)
+        raise RunDirError(f"{run_dir} holds another run ({detail}); choose another --out")
+    if not resume:
+        raise RunDirError(f"{run_dir} already holds this run; pass --resume to continue it (or "
+                          "print its results with `clbench report`), or choose another --out")
+    path = run_dir / RESULTS_FILENAME
+    return read_results(path) if path.is_file() else None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------
+
+def save_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> Path:
+    """Write `checkpoints/stage{stage}` atomically (a temp folder renamed into place)."""
+    import torch
+    from safetensors.torch import save_model
+
+    final = run_dir / "checkpoints" / f"stage{stage}"
+    tmp = run_dir / "checkpoints" / f".stage{stage}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "student.safetensors"))
+    torch.save({"method": method.state_dict(), "rng": rng_states(), "stage": stage},
+               tmp / "state.pt")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+def load_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> None:
+    """Restore student weights and method state of `stage` (RNGs are re-seeded per stage)."""
+    import torch
+    from safetensors.torch import load_model
+
+    folder = run_dir / "checkpoints" / f"stage{stage}"
+    if not (folder / "state.pt").is_file():
+        raise RunDirError(f"{run_dir}: results say stage {stage} is done but its checkpoint "
+                          f"{folder} is missing; the run cannot be resumed")
+    load_model(model, str(folder / "student.safetensors"), device=str(model.device))
+    state = torch.load(folder / "state.pt", map_location=model.device, weights_only=False)
+    method.load_state_dict(state["method"])
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    for old in (run_dir / "checkpoints").glob("stage*"):
+        if old.name != f"stage{keep}":
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Columns and their evaluation
+# ---------------------------------------------------------------------------------------------
+
+class ColumnPlan:
+    """How one column is evaluated: a clbench task's eval items, or an lm-eval probe."""
+
+    def __init__(self, name: str, task: TaskSource | None = None,
+                 examples: Sequence[Example] = (), probe: Any = None) -> None:
+        self.name, self.task, self.examples, self.probe = name, task, list(examples), probe
+
+
+def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
+    """Eval plans of every column (stream tasks, then probes) and the stage task sources."""
+    suite = run.suite
+    plans, stage_tasks = [], []
+    for i, stage in enumerate(suite.stages):
+        task = registry.build_task(stage.task, where=f"stages[{i}].task.params")
+        stage_tasks.append(task)
+        size = stage.task.eval_size or suite.protocol.eval_size
+        plans.append(ColumnPlan(stage.name, task, task.examples("eval", stage.task.seed, size)))
+    for i, probe in enumerate(suite.probes):
+        if probe.task is not None:
+            task = registry.build_task(probe.task, where=f"probes[{i}].task.params")
+            size = probe.task.eval_size or suite.protocol.eval_size
+            plans.append(ColumnPlan(probe.name, task, task.examples("eval", probe.task.seed, size)))
+        else:
+            plans.append(ColumnPlan(probe.name, probe=probe.lm_eval))
+    return plans, stage_tasks
+
+
+def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
+                 run: RunSpec, run_dir: Path, progress: Progress) -> list[CellResult]:
+    """Evaluate every column with the model as it is now; save the items of each cell."""
+    decoding = run.suite.protocol.decoding
+    generate = make_generate_fn(model, tokenizer, decoding, seed=derive_seed(run.seed, row, "eval"))
+    cells = []
+    for plan in plans:
+        boot_seed = derive_seed("bootstrap", plan.name, row)
+        if plan.task is not None:
+            cell = evaluate_column(plan.name, plan.task, plan.examples, generate,
+                                   batch_size=decoding.batch_size,
+                                   bootstrap_samples=run.suite.protocol.bootstrap_samples,
+                                   bootstrap_seed=boot_seed, progress=progress,
+                                   description=f"row {row}: eval {plan.name}")
+        else:
+            from clbench.lmeval import run_probe
+
+            base = Path(run.suite_file).parent if run.suite_file else None
+            cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
+                             batch_size=decoding.batch_size, seed=run.seed,
+                             bootstrap_samples=run.suite.protocol.bootstrap_samples)
+        write_records(records_path(run_dir, row, plan.name), cell.records)
+        log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
+        cells.append(cell)
+    return cells
+
+
+def to_cells(cells: Sequence[CellResult]) -> list[Cell | None]:
+    out: list[Cell | None] = []
+    for c in cells:
+        if c.score is None:
+            out.append(None)
+            continue
+        iv = c.interval or {}
+        out.append(Cell(score=c.score, n=c.n, ci_low=iv.get("low"), ci_high=iv.get("high")))
+    return out
+
+
+def fill_metrics(result: RunResult, run: RunSpec) -> None:
+    """Compute the protocol's metrics from R; per-stage values go in as `name_t` entries."""
+    matrix = [[np.nan if v is None else v for v in row] for row in result.score_matrix()]
+    columns = [c.model_dump() for c in result.columns]
+    computed = compute_metrics(np.array(matrix, dtype=float), columns, run.suite.protocol)
+    metrics: dict[str, MetricValue] = {}
+    for name, entry in computed.items():
+        hib = name not in LOWER_IS_BETTER
+        metrics[name] = MetricValue(value=entry["value"], variant=entry["variant"],
+                                    higher_is_better=hib)
+        for t, v in enumerate(entry.get("per_stage") or [], start=1):
+            metrics[f"{name}_{t}"] = MetricValue(value=v, variant=entry["variant"],
+                                                 higher_is_better=hib)
+        if entry["value"] is None:
+            log.info("metric %s undefined: %s", name, entry.get("note"))
+    result.metrics = metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+def _progress(console: Console) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                    TimeRemainingColumn(), console=console, transient=True)
+
+
+def _attach_log(run_dir: Path) -> logging.Handler:
+    handler = logging.FileHandler(run_dir / "run.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("clbench")
+    root.addHandler(handler)
+    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    return handler
+
+
+def execute(run: RunSpec, resume: bool = False, console: Console | None = None) -> RunResult:
+    """Run (or resume) one suite x method x seed and return its result.
+
+    Raises :class:`RunDirError` for a directory of another run, :class:`RunInterrupted` on
+    Ctrl-C (after saving what is complete). A method that raises leaves a `failed` result.
+    """
+    console = console or Console()
+    run_dir = Path(run.out_dir)
+    method = registry.build_method(run.method)
+    method_config = method.config.model_dump(mode="json")
+    identity = run_identity(run, method_config)
+    previous = check_run_dir(run_dir, identity, resume)
+    if previous is not None and previous.status == "complete":
+        console.print(f"[green]{run_dir} is already complete[/]")
+        print_summary(console, previous)
+        return previous
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_dir / IDENTITY_FILE, identity)
+    handler = _attach_log(run_dir)
+    try:
+        return _execute(run, run_dir, method, method_config, previous, console)
+    finally:
+        logging.getLogger("clbench").removeHandler(handler)
+        handler.close()
+
+
+def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[str, Any],
+             previous: RunResult | None, console: Console) -> RunResult:
+    import torch
+
+    from clbench.engine.api import StageContext
+    from clbench.models import load_model, resolve_device
+
+    clock = _Clock()
+    device = resolve_device(run.device)
+    seed_everything(derive_seed(run.seed, "init"))
+    model, tokenizer = load_model(run.model, device=device, seed=run.seed)
+    plans, stage_tasks = plan_columns(run)
+    result = previous or new_result(run, method_config)
+    result.status, result.error = "partial", None  # a failed run that is resumed is partial again
+    done = max(0, len(result.matrix) - 1)
+    if done:
+        load_checkpoint(run_dir, done, model, method)
+        log.info("resuming %s after stage %d", run_dir, done)
+        console.print(f"resuming after stage {done} of {len(run.suite.stages)}")
+    result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+                             "parameters": sum(p.numel() for p in model.parameters()),
+                             "device": str(device)}
+    stage = done
+    try:
+        with _progress(console) as progress:
+            if not result.matrix:
+                seed_everything(derive_seed(run.seed, 0))
+                cells = evaluate_row(0, plans, model, tokenizer, run, run_dir, progress)
+                result.matrix.append(to_cells(cells))
+                result.row_labels.append("base")
+                write_results(run_dir / RESULTS_FILENAME, result)
+            stages_bar = progress.add_task("stages", total=len(run.suite.stages), completed=done)
+            for stage in range(done + 1, len(run.suite.stages) + 1):
+                spec = run.suite.stages[stage - 1]
+                stage_seed = derive_seed(run.seed, stage)
+                seed_everything(stage_seed)
+                steps_bar = progress.add_task(f"stage {stage} {spec.name}: train",
+                                              total=spec.budget.steps)
+
+                def log_step(record: dict[str, Any], bar: Any = steps_bar, s: int = stage) -> None:
+                    progress.advance(bar)
+                    log.info("stage %d step %s", s, json.dumps(record, default=str))
+
+                task = stage_tasks[stage - 1]
+                ctx = StageContext(
+                    model=model, tokenizer=tokenizer, task=task,
+                    train_examples=task.examples("train", spec.task.seed, spec.task.train_size),
+                    budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
+                    device=device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step)
+                ctx.work_dir.mkdir(parents=True, exist_ok=True)
+                report = method.train_stage(ctx)
+                progress.remove_task(steps_bar)
+                seed_everything(derive_seed(run.seed, stage, "eval"))
+                cells = evaluate_row(stage, plans, model, tokenizer, run, run_dir, progress)
+                atomic_write_json(run_dir / "stages" / f"stage{stage}.json", {
+                    "steps": report.steps, "counters": report.counters,
+                    "wall_time": report.wall_time, "extra": report.extra}, indent=None)
+                save_checkpoint(run_dir, stage, model, method)
+                result.stages.append(StageRecord(
+                    index=stage, name=spec.name, summary=report.summary(),
+                    counters=report.counters, wall_time=report.wall_time,
+                    extra=json.loads(json.dumps(report.extra, default=str))))
+                result.matrix.append(to_cells(cells))
+                result.row_labels.append(f"after {spec.name}")
+                _account(result, clock.lap(), device)
+                write_results(run_dir / RESULTS_FILENAME, result)
+                prune_checkpoints(run_dir, stage)
+                progress.advance(stages_bar)
+                log.info("stage %d (%s) done", stage, spec.name)
+    except KeyboardInterrupt:
+        log.warning("interrupted during stage %d", stage)
+        raise RunInterrupted(f"interrupted; stages 1..{len(result.matrix) - 1} are saved in "
+                             f"{run_dir}. Continue with the same command plus --resume") from None
+    except Exception as exc:
+        result.status = "failed"
+        result.error = f"stage {stage}: {type(exc).__name__}: {exc}"
+        write_results(run_dir / RESULTS_FILENAME, result)
+        log.exception("run failed")
+        raise
+    result.status = "complete"
+    fill_metrics(result, run)
+    _account(result, clock.lap(), device)
+    write_results(run_dir / RESULTS_FILENAME, result)
+    shutil.rmtree(run_dir / "work", ignore_errors=True)
+    print_summary(console, result)
+    return result
+
+
+class _Clock:
+    """Seconds between readings, so wall time adds up across resumed sessions."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def lap(self) -> float:
+        now = time.monotonic()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+
+def _account(result: RunResult, elapsed: float, device: torch.device) -> None:
+    """Tokens over all stages, wall time (added across resumed sessions), device, peak memory."""
+    import resource
+
+    import torch
+
+    tokens: dict[str, int] = {}
+    for st in result.stages:
+        for k, v in st.counters.items():
+            tokens[k] = tokens.get(k, 0) + int(v)
+    result.compute.tokens = tokens
+    result.compute.wall_time_s += elapsed
+    result.compute.device = str(device)
+    if device.type == "cuda":
+        peak = int(torch.cuda.max_memory_allocated(device))
+    else:
+        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Summaries: one run, many runs
+# ---------------------------------------------------------------------------------------------
+
+SUMMARY_METRICS = ("acc", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta",
+                   "aia", "intransigence")
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def matrix_table(result: RunResult) -> Any:
+    """R as a rich table: rows = base and after each stage, columns = tasks then probes."""
+    from rich.table import Table
+
+    table = Table(title=f"R: {result.suite.get('name')} / {result.method.name} / seed "
+                        f"{result.seed} ({result.status})")
+    table.add_column("after", style="bold")
+    for c in result.columns:
+        table.add_column(f"{c.name}\n[dim]{c.kind}[/]", justify="right")
+    for label, row in zip(result.row_labels, result.matrix):
+        table.add_row(label, *[("—" if c is None else f"{c.score:.3f} [dim](n={c.n})[/]")
+                               for c in row])
+    return table
+
+
+def print_summary(console: Console, result: RunResult) -> None:
+    """The matrix, then the headline metrics with their variants."""
+    from rich.table import Table
+
+    console.print(matrix_table(result))
+    if not result.metrics:
+        return
+    table = Table(title="metrics (single run: n = 1)")
+    for col in ("metric", "value", "variant"):
+        table.add_column(col)
+    for name in SUMMARY_METRICS:
+        if name in result.metrics:
+            m = result.metrics[name]
+            arrow = "↑" if m.higher_is_better else "↓"
+            table.add_row(f"{name} {arrow}", _fmt(m.value), m.variant or "")
+    console.print(table)
+
+
+def collect_results(run_dirs: Sequence[str | Path]) -> list[tuple[Path, RunResult]]:
+    """Results of every run dir (a dir holding results.json, or a folder of such dirs)."""
+    found: list[tuple[Path, RunResult]] = []
+    for d in run_dirs:
+        d = Path(d)
+        files = [d / RESULTS_FILENAME] if (d / RESULTS_FILENAME).is_file() else \
+            sorted(d.rglob(RESULTS_FILENAME))
+        if not files:
+            raise UserError(f"{d}: no {RESULTS_FILENAME} found (is this a run directory?)")
+        found += [(f.parent, read_results(f)) for f in files]
+    return found
+
+
+def comparison(results: Sequence[RunResult]) -> dict[str, Any]:
+    """Mean ± std over seeds of every headline metric, per (suite, method)."""
+    from clbench.metrics.aggregate import aggregate_over_seeds
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        if r.status != "complete":
+            continue
+        key = f"{r.suite.get('name')}:{r.suite_hash[:15]}"
+        groups.setdefault(key, []).append({
+            "method": r.method.name, "seed": r.seed,
+            "metrics": {k: {"value": v.value} for k, v in r.metrics.items()}})
+    return {suite: {method: {name: s.as_dict() for name, s in metrics.items()}
+                    for method, metrics in aggregate_over_seeds(runs).items()}
+            for suite, runs in groups.items()}
+
+
+def print_comparison(console: Console, table_data: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from clbench.metrics.aggregate import SeedSummary
+
+    for suite, methods in table_data.items():
+        names = [m for m in SUMMARY_METRICS if any(m in v for v in methods.values())]
+        table = Table(title=f"{suite.split(':')[0]}: mean ± std over seeds (n = seeds)")
+        table.add_column("method", style="bold")
+        for n in names:
+            table.add_column(n, justify="right")
+        for method, metrics in sorted(methods.items()):
+            table.add_row(method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
+                                    for n in names])
+        console.print(table)
+
+
+def report(run_dirs: Sequence[str | Path], as_json: bool = False,
+           console: Console | None = None) -> dict[str, Any]:
+    """Print each run's matrix and metrics and the comparison over seeds (or JSON)."""
+    console = console or Console()
+    found = collect_results(run_dirs)
+    data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
+                      "seed": r.seed, "status": r.status, "row_labels": r.row_labels,
+                      "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
+                      "metrics": {k: v.value for k, v in r.metrics.items()}}
+                     for d, r in found],
+            "comparison": comparison([r for _, r in found])}
+    if as_json:
+        console.print_json(json.dumps(data))
+        return data
+    for _, r in found:
+        print_summary(console, r)
+    incomplete = [str(d) for d, r in found if r.status != "complete"]
+    if incomplete:
+        console.print(f"[yellow]not complete (left out of the comparison): "
+                      f"{', '.join(incomplete)}[/]")
+    print_comparison(console, data["comparison"])
+    return data
+
+
+def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
+          overrides: Sequence[str] = (), model: str | None = None, device: str = "auto",
+          console: Console | None = None) -> dict[str, Any]:
+    """Run methods x seeds into `out_root/<method>/s<seed>`: complete runs are skipped,
+    partial ones resumed. Ends with the comparison table over seeds."""
+    from clbench.suites import build_run_spec
+
+    console = console or Console()
+    runs = [build_run_spec(suite_ref, m, seed=s, out_dir=Path(out_root) / m / f"s{s}",
+                           overrides=overrides, model=model, device=device)
+            for m in methods for s in seeds]  # validate the whole grid before training
+    dirs = []
+    for run in runs:
+        run_dir = Path(run.out_dir)
+        dirs.append(run_dir)
+        existing = run_dir / RESULTS_FILENAME
+        if existing.is_file():
+            status = read_results(existing).status
+            if status == "complete":
+                method = registry.build_method(run.method)
+                check_run_dir(run_dir, run_identity(run, method.config.model_dump(mode="json")),
+                              resume=True)
+                console.print(f"[dim]skip {run.method.name} seed {run.seed}: complete[/]")
+                continue
+        resume = (run_dir / IDENTITY_FILE).is_file()
+        console.rule(f"{run.method.name} seed {run.seed}" + (" (resume)" if resume else ""))
+        try:
+            execute(run, resume=resume, console=console)
+        except RunInterrupted:
+            raise
+        except UserError:
+            raise
+        except Exception as exc:  # one broken run must not lose the rest of the grid
+            console.print(f"[red]{run.method.name} seed {run.seed} failed: {exc}[/]")
+    data = comparison([r for _, r in collect_results([d for d in dirs
+                                                      if (d / RESULTS_FILENAME).is_file()])])
+    print_comparison(console, data)
+    return data

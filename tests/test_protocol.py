@@ -1,0 +1,268 @@
+"""The continual protocol end to end on a tiny model: CLI run, results, refusal, sweep, report.
+
+The plugins here are small but real: a digit-echo task (reward when the completion starts with
+the prompt's digit) and a supervised method that trains on the references with data drawn from
+torch's RNG and a learning rate that decays with the method's own step counter across stages, so
+a resume that lost the RNG seeding or the method state would change the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import torch
+from click.testing import CliRunner
+from pydantic import Field
+
+from clbench import registry
+from clbench.engine.api import Method, MethodConfig, StageContext, StageReport
+from clbench.engine.rollout import encode_chat
+from clbench.results import read_results
+from clbench.tasks.base import Example, Grade, TaskParams, TaskSource
+
+# ---------------------------------------------------------------------------------------------
+# Plugins (also used by test_resume.py, in a subprocess)
+# ---------------------------------------------------------------------------------------------
+
+
+class DigitParams(TaskParams):
+    digit: str = "3"
+
+
+class EchoDigit(TaskSource):
+    """Answer with the task's digit, whatever the question's number."""
+
+    name = "test.echo-digit"
+    description = "answer with a fixed digit"
+    domain = "test"
+    Params = DigitParams
+
+    def build(self, split: str, seed: int, size: int) -> list[Example]:
+        digit = self.params.digit  # type: ignore[attr-defined]
+        offset = seed * 100 + (0 if split == "train" else 5000)
+        return [Example(id=f"{split}-{i}", messages=[
+            {"role": "user", "content": f"#{offset + i}"}], reference=digit, answer=digit)
+            for i in range(size)]
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        ok = completion.startswith(str(example.answer))
+        return Grade(1.0 if ok else 0.0, ok, None if ok else f"expected {example.answer}")
+
+
+class EchoSFTConfig(MethodConfig):
+    lr: float = Field(default=3e-2, description="base learning rate")
+    batch: int = Field(default=4, description="examples per step")
+    pause_at: int | None = Field(default=None, description="tests: stage that waits for a kill")
+
+
+class EchoSFT(Method):
+    """SFT on references; lr = lr / (1 + stages done before), a state kept across stages."""
+
+    name = "test.echo-sft"
+    description = "tiny supervised method for protocol tests"
+    Config = EchoSFTConfig
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__(config)
+        self.stages_done = 0
+
+    def train_stage(self, ctx: StageContext) -> StageReport:
+        cfg: EchoSFTConfig = self.config  # type: ignore[assignment]
+        model, tok = ctx.model, ctx.tokenizer
+        model.train()
+        lr = cfg.lr / (1 + self.stages_done)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr)
+        report = StageReport()
+        for step in range(ctx.budget.steps):
+            if cfg.pause_at == ctx.stage_index and step == 1:
+                (ctx.work_dir.parent.parent / "PAUSED").write_text("x")
+                import time
+                time.sleep(120)  # the test kills the process here
+            pick = torch.randint(len(ctx.train_examples), (cfg.batch,)).tolist()
+            loss_sum = torch.zeros(())
+            for i in pick:
+                ex = ctx.train_examples[i]
+                prompt = encode_chat(tok, ex.messages)
+                target = tok(ex.reference, add_special_tokens=False)["input_ids"] + \
+                    [tok.eos_token_id]
+                ids = torch.tensor([prompt + target])
+                labels = ids.clone()
+                labels[0, :len(prompt)] = -100
+                loss_sum = loss_sum + model(input_ids=ids, labels=labels).loss
+            opt.zero_grad()
+            (loss_sum / cfg.batch).backward()
+            opt.step()
+            record = {"loss": float(loss_sum.detach()) / cfg.batch, "lr": lr}
+            report.steps.append(record)
+            ctx.log_step(record)
+        self.stages_done += 1
+        report.counters = {"trained_tokens": 10 * ctx.budget.steps}
+        model.eval()
+        return report
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"stages_done": self.stages_done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stages_done = state["stages_done"]
+
+
+PLUGINS = {"methods": {"test.echo-sft": EchoSFT}, "tasks": {"test.echo-digit": EchoDigit}}
+
+SUITE = """
+name: echo
+description: two echo stages and a probe, on a tiny model
+model: {name: tiny-llama, dtype: float32}
+stages:
+  - name: low
+    task: {source: test.echo-digit, params: {digit: "3"}, train_size: 20, seed: 1}
+    budget: {steps: 8, prompts_per_step: 4}
+  - name: high
+    task: {source: test.echo-digit, params: {digit: "7"}, train_size: 20, seed: 2}
+    budget: {steps: 8, prompts_per_step: 4}
+probes:
+  - name: all
+    kind: ood
+    task: {source: test.echo-digit, params: {digit: "3"}, seed: 3}
+protocol:
+  eval_size: 6
+  bootstrap_samples: 50
+  decoding: {max_new_tokens: 2, batch_size: 6}
+"""
+
+
+def write_suite(folder: Path, text: str = SUITE) -> Path:
+    path = folder / "echo.yaml"
+    path.write_text(text)
+    return path
+
+
+def run_cli(args: list[str]) -> Any:
+    from clbench.cli import cli
+
+    with registry.extra_plugins(**PLUGINS):
+        return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cli_run_writes_a_complete_valid_result(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    out = tmp_path / "run"
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "0",
+                   "--out", str(out), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    result = read_results(out / "results.json")
+    assert result.status == "complete"
+    assert result.row_labels == ["base", "after low", "after high"]
+    assert [c.name for c in result.columns] == ["low", "high", "all"]
+    assert all(c is not None and c.n == 6 for row in result.matrix for c in row)
+    R = result.score_matrix()
+    # metrics are computed from the stored matrix with the protocol's variants
+    assert result.metrics["acc"].value == pytest.approx((R[2][0] + R[2][1]) / 2)
+    assert result.metrics["bwt"].value == pytest.approx(R[2][0] - R[1][0])
+    assert result.metrics["bwt"].variant == "t_minus_1"
+    assert result.metrics["forgetting"].higher_is_better is False
+    assert result.metrics["ood_delta"].value == pytest.approx(R[2][2] - R[0][2])
+    assert result.metrics["general_delta"].value is None  # the suite has no general probe
+    # every cell is traceable to its items
+    for row in range(3):
+        for col, name in enumerate(["low", "high", "all"]):
+            lines = (out / "items" / f"row{row}" / f"{name}.jsonl").read_text().splitlines()
+            assert sum(json.loads(x)["correct"] for x in lines) / 6 == R[row][col]
+    assert [s.index for s in result.stages] == [1, 2]
+    assert result.stages[1].summary["lr"] == pytest.approx(3e-2 / 2)  # method state carried
+    assert result.compute.tokens == {"trained_tokens": 20}
+    assert (out / "run.log").read_text().count("stage 2 step") == 1
+    assert list((out / "checkpoints").iterdir()) == [out / "checkpoints" / "stage2"]
+    assert not (out / "work").exists()
+    assert "bwt" in res.output and "after high" in res.output
+
+
+@pytest.mark.slow
+def test_run_measures_learning_and_forgetting(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path)
+    out = tmp_path / "run"
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--out", str(out),
+                   "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    result = read_results(out / "results.json")
+    R = result.score_matrix()
+    # each stage learns its digit; stage 2 (another digit) makes the model forget stage 1
+    assert R[0][:2] == [0.0, 0.0] and R[1][0] == 1.0 and R[2][1] == 1.0, R
+    assert R[2][0] < R[1][0], R
+    assert result.metrics["forgetting"].value == pytest.approx(R[1][0] - R[2][0])
+    assert result.metrics["la"].value == pytest.approx(1.0)
+
+
+def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    out = tmp_path / "run"
+    base = ["run", "--suite", str(suite), "--out", str(out), "--device", "cpu"]
+    assert run_cli(base + ["--method", "test.echo-sft"]).exit_code == 0
+    before = (out / "results.json").read_bytes()
+    other_seed = run_cli(base + ["--method", "test.echo-sft", "--seed", "1", "--resume"])
+    assert other_seed.exit_code == 2
+    assert "holds another run (seed: 0 there, 1 now)" in other_seed.output.replace("\n", " ")
+    other_cfg = run_cli(base + ["--method", "test.echo-sft", "--set", "method.lr=0.5",
+                                "--resume"])
+    assert other_cfg.exit_code == 2 and "method_config" in other_cfg.output
+    again = run_cli(base + ["--method", "test.echo-sft"])
+    assert again.exit_code == 2 and "pass --resume" in again.output.replace("\n", " ")
+    assert "Traceback" not in again.output
+    assert (out / "results.json").read_bytes() == before  # nothing was overwritten
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    res = run_cli(base[:3] + ["--out", str(stranger), "--device", "cpu", "--method",
+                           "test.echo-sft"])
+    assert res.exit_code == 2 and "holds no clbench run" in res.output.replace("\n", " ")
+
+
+def test_sweep_skips_complete_runs_and_report_aggregates(tmp_path: Path) -> None:
+    from clbench.protocol import report, sweep
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    root = tmp_path / "grid"
+    with registry.extra_plugins(**PLUGINS):
+        sweep(str(suite), ["test.echo-sft"], [0, 1], root, device="cpu")
+        first = {s: (root / "test.echo-sft" / f"s{s}" / "results.json").stat().st_mtime_ns
+                 for s in (0, 1)}
+        from rich.console import Console
+        console = Console(record=True, width=200)
+        data = sweep(str(suite), ["test.echo-sft"], [0, 1], root, device="cpu", console=console)
+    text = console.export_text()
+    assert text.count("complete") >= 2 and "skip test.echo-sft seed 0" in text
+    assert {s: (root / "test.echo-sft" / f"s{s}" / "results.json").stat().st_mtime_ns
+            for s in (0, 1)} == first  # nothing re-run
+    (summary,) = data.values()
+    acc = summary["test.echo-sft"]["acc"]
+    assert acc["n"] == 2
+    runs = [read_results(root / "test.echo-sft" / f"s{s}" / "results.json") for s in (0, 1)]
+    assert acc["mean"] == pytest.approx(sum(r.metrics["acc"].value for r in runs) / 2)
+    as_json = report([root], as_json=True, console=Console(file=open(tmp_path / "j", "w")))
+    assert len(as_json["runs"]) == 2 and as_json["comparison"] == data
+
+
+def test_report_command_on_a_finished_run(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    out = tmp_path / "run"
+    assert run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--out", str(out),
+                    "--device", "cpu"]).exit_code == 0
+    from clbench.protocol import report
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    data = report([out], console=console)
+    text = console.export_text()
+    assert "after high" in text and "(n=1)" in text
+    assert data["runs"][0]["matrix"] == read_results(out / "results.json").score_matrix()
+    from clbench.errors import UserError
+    with pytest.raises(UserError, match="no results.json"):
+        report([tmp_path / "nowhere"])
