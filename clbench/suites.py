@@ -87,12 +87,14 @@ def _looks_like_path(ref: str) -> bool:
 def resolve_suite(ref: str | os.PathLike[str]) -> Path:
     """The file of suite `ref`: a path to a YAML file, or a name from the search path."""
     text = os.fspath(ref)
+    named = _named_files()
     if _looks_like_path(text) or Path(text).is_file():
         path = Path(text).expanduser()
-        if not path.is_file():
-            raise SuiteNotFoundError(f"{path}: no such suite file")
-        return path
-    named = _named_files()
+        if path.is_file():
+            return path
+        if path.name == text and path.stem in named:  # `starter.yaml` means the named suite
+            return named[path.stem]
+        raise SuiteNotFoundError(f"{path}: no such suite file")
     if text in named:
         return named[text]
     close = difflib.get_close_matches(text, list(named), n=3, cutoff=0.6)

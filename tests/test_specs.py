@@ -222,6 +222,7 @@ def test_suite_found_by_name_through_the_search_path(write_suite, monkeypatch) -
     path = write_suite(name="mine.yaml")
     monkeypatch.setenv("CLBENCH_SUITE_PATH", str(path.parent))
     assert resolve_suite("mine") == path
+    assert resolve_suite("mine.yaml") == path  # a bare file name not in the cwd: the named one
     assert load_suite("mine").name == "tiny"
     infos = {s.name: s for s in list_suites()}
     assert infos["mine"].description == "Two fake stages and one probe."
