@@ -146,17 +146,17 @@ def draw_distinct(make: Callable[[random.Random], tuple[str, Any]], split: Split
     """
     out: list[Any] = []
     seen: set[str] = set()
-    attempts = 0
-    max_attempts = 200 * size + 2000
+    misses = 0  # consecutive draws that gave nothing new: the space is exhausted when this grows
     while len(out) < size:
-        if attempts >= max_attempts:
+        if misses >= 5000:
             raise TaskSizeError(
                 f"only {len(out)} distinct {split} {what} found, {size} requested: the task's "
                 "item space is too small for this size; lower the size or widen the parameters")
-        attempts += 1
         key, item = make(rng)
         if key in seen or key in exclude or split_of(key, eval_fraction) != split:
+            misses += 1
             continue
+        misses = 0
         seen.add(key)
         out.append(item)
     return out

@@ -29,6 +29,11 @@ MAX_VERIFY_CHARS = 200
 MAX_NUMBER_DIGITS = 400
 #: Wall-clock budget of one math_verify comparison (only enforced in the main thread).
 VERIFY_BUDGET_S = 0.5
+#: Extractors look at this many trailing characters only: final answers sit at the end, and
+#: a bounded window keeps every scan cheap on 100k-character completions.
+MAX_SCAN_CHARS = 20_000
+#: Longer candidate answers are wrong without further comparison.
+MAX_ANSWER_CHARS = 2_000
 #: Feedback quotes at most this many characters of a model's answer.
 FEEDBACK_QUOTE_CHARS = 60
 
@@ -42,6 +47,9 @@ def extract_boxed(text: str) -> str | None:
     are literal braces. When boxes nest, the outermost one that closes last wins, and a content
     that is itself a single box (``\\boxed{\\boxed{5}}``) is unwrapped.
     """
+    text = text[-MAX_SCAN_CHARS:]
+    if "\\boxed" not in text and "\\fbox" not in text:
+        return None
     stack: list[tuple[bool, int]] = []   # (opened by a box command, content start)
     last: tuple[int, int] | None = None
     for m in _BOX_TOKEN.finditer(text):
@@ -81,6 +89,7 @@ def _single_box(content: str) -> str | None:
 
 def extract_tag(text: str, tag: str = "answer") -> str | None:
     """Content of the last ``<tag>...</tag>`` pair (case-insensitive), or None."""
+    text = text[-MAX_SCAN_CHARS:]
     low = text.lower()
     close = low.rfind(f"</{tag}>")
     if close < 0:
@@ -91,17 +100,18 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
     return text[open_ + len(tag) + 2:close].strip()
 
 
-_ANSWER_LINE = re.compile(r"(?:final\s+)?answer\s*(?:is)?\s*[:：]", re.IGNORECASE)
+_ANSWER_LINE = re.compile(r"answer\s*(?:is)?\s*[:：]", re.IGNORECASE)
 
 
 def extract_answer_line(text: str) -> str | None:
-    """What follows the last ``Answer:`` on its line (markdown emphasis and `$` removed)."""
+    """What follows the last ``Answer:`` on its line (markdown emphasis removed)."""
+    text = text[-MAX_SCAN_CHARS:]
     low = text.lower()
     pos = low.rfind("answer")
-    while pos >= 0:
+    for _ in range(50):  # the last few mentions of "answer" are enough; bounded on spam
+        if pos < 0:
+            break
         m = _ANSWER_LINE.match(text, pos)
-        if m is None and pos >= 6 and low.startswith("final", max(0, pos - 6)):
-            m = _ANSWER_LINE.match(text, pos - 6)
         if m is not None:
             end = text.find("\n", m.end())
             value = text[m.end(): end if end >= 0 else len(text)]
@@ -117,10 +127,11 @@ _STANDALONE = re.compile(r"(?<![A-Za-z0-9])\(?([A-Z])\)?(?![A-Za-z0-9])")
 
 def extract_choice(text: str, letters: str = "ABCD") -> str | None:
     """The chosen option letter: `<answer>X</answer>`, then `Answer: X`, then `\\boxed{X}`, then
-    the last standalone capital letter among `letters` on the last non-empty line.
+    the standalone capital letter among `letters` on the last non-empty line, if it names
+    only one.
 
-    "A" used as an article ("A gas forms") is not read as a choice: a standalone letter followed
-    by a space and a lowercase word is skipped.
+    "A" used as an article ("A gas forms") is not read as a choice: an "A" followed by a space
+    and a lowercase word is skipped.
     """
     valid = set(letters.upper())
     for candidate in (extract_tag(text), extract_answer_line(text), extract_boxed(text)):
@@ -133,21 +144,22 @@ def extract_choice(text: str, letters: str = "ABCD") -> str | None:
     if not lines:
         return None
     last_line = lines[-1]
-    found = None
+    found: set[str] = set()
     for m in _STANDALONE.finditer(last_line):
         letter = m.group(1)
         if letter not in valid:
             continue
         after = last_line[m.end():m.end() + 2]
-        if len(after) == 2 and after[0] == " " and after[1].islower():
+        if letter == "A" and len(after) == 2 and after[0] == " " and after[1].islower():
             continue
-        found = letter
-    return found
+        found.add(letter)
+    # A line naming several options ("A or C?") commits to none of them.
+    return found.pop() if len(found) == 1 else None
 
 
 def _leading_letter(candidate: str) -> str | None:
     """`B`, `(B)`, `B.`, `B) water`, `\\text{B}` -> `B`."""
-    c = strip_latex_wrappers(candidate)[:200].strip()
+    c = strip_latex_wrappers(candidate[:200]).strip()
     m = _LETTER_ONLY.match(c)
     if m:
         return m.group(1).upper()
@@ -164,7 +176,7 @@ _TEXT_CMD = re.compile(r"\\(?:text|textbf|mathrm|mathbf|operatorname)\s*\{([^{}]
 
 def strip_latex_wrappers(s: str) -> str:
     """Remove math delimiters, spacing commands, `\\left`/`\\right` and `\\text{}` wrappers."""
-    s = s.strip()
+    s = s.strip().rstrip(".").strip()
     for a, b in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
         if s.startswith(a) and s.endswith(b) and len(s) >= len(a) + len(b):
             s = s[len(a):len(s) - len(b)].strip()
@@ -323,6 +335,8 @@ def math_equivalent(pred: str, gold: str) -> bool:
     under a :data:`VERIFY_BUDGET_S` wall-clock limit. Any failure of the verifier counts as "not
     equivalent".
     """
+    if len(pred) > MAX_ANSWER_CHARS:
+        return False
     p, g = normalize_answer(pred), normalize_answer(gold)
     if not p:
         return False

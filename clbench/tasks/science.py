@@ -108,6 +108,8 @@ def formula_counts(formula: str) -> dict[str, int]:
             mult = int(tokens[i])
             i += 1
         if tok == ")":
+            if len(stack) == 1:
+                raise ValueError(f"unbalanced parentheses in formula {formula!r}")
             group = stack.pop()
             for el, n in group.items():
                 stack[-1][el] = stack[-1].get(el, 0) + n * mult

@@ -1,0 +1,125 @@
+"""Measure the base model's greedy accuracy on every task column of a suite.
+
+The starter suite is only useful when its training columns start inside a band where on-policy
+methods get a signal and have room to learn (10-60% for the embedded model). This script
+evaluates the suite's model, before any training, on `--n` eval items of every stage and OOD
+probe, through the same evaluation path as `clbench run` (clbench.evaluation), and prints a
+markdown table (the one in docs/tasks.md).
+
+    python benchmarks/calibrate_tasks.py starter --n 200 --batch-size 16
+
+Columns can be restricted with `--columns math,science`; `--set` overrides suite fields as on
+the CLI (e.g. `--set stages[0].task.params.digits=3`) to try difficulty settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+BAND = (0.10, 0.60)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
+    ap.add_argument("--n", type=int, default=200, help="eval items per column (default 200)")
+    ap.add_argument("--batch-size", type=int, default=16, help="prompts per generation batch")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="override the suite's evaluation max_new_tokens")
+    ap.add_argument("--columns", default=None, help="comma-separated columns to measure")
+    ap.add_argument("--model", default=None, help="override the suite's model name")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="suite override KEY=VALUE (repeatable)")
+    ap.add_argument("--show", type=int, default=0,
+                    help="print this many wrong completions per column")
+    ap.add_argument("--json", dest="json_out", default=None, help="also write results as JSON")
+    return ap.parse_args(argv)
+
+
+def columns_of(suite: Any) -> list[tuple[str, str, Any]]:
+    """(column, role, TaskSpec) for every stage and task probe, in matrix order."""
+    cols = [(s.name, "train", s.task) for s in suite.stages]
+    cols += [(p.name, p.kind, p.task) for p in suite.probes if p.task is not None]
+    return cols
+
+
+def band_note(role: str, score: float) -> str:
+    if role != "train":
+        return ""
+    return "in band" if BAND[0] <= score <= BAND[1] else "OUT OF BAND"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from clbench.evaluation import evaluate_column, make_generate_fn
+    from clbench.models import load_model
+    from clbench.registry import build_task
+    from clbench.suites import load_suite
+
+    suite = load_suite(args.suite, args.sets)
+    decoding = suite.protocol.decoding.model_copy(update={"batch_size": args.batch_size})
+    if args.max_new_tokens:
+        decoding = decoding.model_copy(update={"max_new_tokens": args.max_new_tokens})
+    wanted = set(args.columns.split(",")) if args.columns else None
+    columns = [c for c in columns_of(suite) if wanted is None or c[0] in wanted]
+    model_name = args.model or suite.model.name
+
+    t0 = time.time()
+    model, tokenizer = load_model(suite.model.model_copy(update={"name": model_name}),
+                                  device=args.device)
+    print(f"loaded {model_name} ({model.dtype}, {model.device}) in {time.time() - t0:.1f} s",
+          file=sys.stderr)
+    generate = make_generate_fn(model, tokenizer, decoding)
+
+    rows: list[dict[str, Any]] = []
+    for column, role, task_spec in columns:
+        task = build_task(task_spec, where=f"{column}.task.params")
+        examples = task.examples("eval", task_spec.seed, args.n)
+        t = time.time()
+        cell = evaluate_column(column, task, examples, generate, batch_size=args.batch_size,
+                               bootstrap_samples=1000)
+        seconds = time.time() - t
+        interval = cell.interval or {}
+        no_answer = sum(1 for r in cell.records if r.feedback and r.feedback.startswith("No "))
+        rows.append({"column": column, "role": role, "source": task_spec.source,
+                     "params": task_spec.params, "n": cell.n, "accuracy": cell.score,
+                     "low": interval.get("low"), "high": interval.get("high"),
+                     "no_answer": no_answer / max(cell.n, 1), "seconds": seconds})
+        print(f"{column}: {cell.score:.3f} over {cell.n} items in {seconds:.0f} s",
+              file=sys.stderr)
+        wrong = [(ex, r) for ex, r in zip(examples, cell.records) if not r.correct]
+        for ex, r in wrong[:args.show]:
+            print(f"  [{ex.id}] {ex.messages[-1]['content'][:100]!r}\n    -> {r.completion[:160]!r}"
+                  f"\n    ({r.feedback})", file=sys.stderr)
+
+    print(render_table(rows, model_name, decoding.max_new_tokens))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as fh:
+            json.dump(rows, fh, indent=2, default=str)
+    out_of_band = [r["column"] for r in rows if r["role"] == "train"
+                   and not BAND[0] <= (r["accuracy"] or 0.0) <= BAND[1]]
+    return 1 if out_of_band else 0
+
+
+def render_table(rows: list[dict[str, Any]], model_name: str, max_new_tokens: int) -> str:
+    lines = [f"Greedy base accuracy of `{model_name}` (max_new_tokens {max_new_tokens}); "
+             "interval: 95% bootstrap over items.", "",
+             "| column | role | source | params | n | accuracy | 95% interval | no answer | "
+             "band |", "| --- | --- | --- | --- | ---: | ---: | --- | ---: | --- |"]
+    for r in rows:
+        params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "defaults"
+        interval = (f"{r['low']:.2f}-{r['high']:.2f}" if r["low"] is not None else "-")
+        lines.append(f"| {r['column']} | {r['role']} | `{r['source']}` | {params} | {r['n']} | "
+                     f"{r['accuracy']:.3f} | {interval} | {r['no_answer']:.2f} | "
+                     f"{band_note(r['role'], r['accuracy'])} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
