@@ -9,6 +9,8 @@ a resume that lost the RNG seeding or the method state would change the numbers.
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,6 +28,9 @@ from clbench.tasks.base import Example, Grade, TaskParams, TaskSource
 # ---------------------------------------------------------------------------------------------
 # Plugins (also used by test_resume.py, in a subprocess)
 # ---------------------------------------------------------------------------------------------
+
+
+PAUSE_ENV = "CLBENCH_TEST_PAUSE_AT"  # "stage:step" where EchoSFT waits to be killed
 
 
 class DigitParams(TaskParams):
@@ -55,7 +60,6 @@ class EchoDigit(TaskSource):
 class EchoSFTConfig(MethodConfig):
     lr: float = Field(default=3e-2, description="base learning rate")
     batch: int = Field(default=4, description="examples per step")
-    pause_at: int | None = Field(default=None, description="tests: stage that waits for a kill")
 
 
 class EchoSFT(Method):
@@ -77,10 +81,10 @@ class EchoSFT(Method):
         opt = torch.optim.AdamW(model.parameters(), lr=lr)
         report = StageReport()
         for step in range(ctx.budget.steps):
-            if cfg.pause_at == ctx.stage_index and step == 1:
-                (ctx.work_dir.parent.parent / "PAUSED").write_text("x")
-                import time
-                time.sleep(120)  # the test kills the process here
+            if os.environ.get(PAUSE_ENV) == f"{ctx.stage_index}:{step}":
+                # test_resume.py kills the process here, in the middle of a stage
+                Path(os.environ[PAUSE_ENV + "_MARKER"]).write_text("paused")
+                time.sleep(300)
             pick = torch.randint(len(ctx.train_examples), (cfg.batch,)).tolist()
             loss_sum = torch.zeros(())
             for i in pick:

@@ -1,0 +1,87 @@
+"""Kill-and-resume: a run killed with SIGKILL in the middle of a stage, then resumed, ends with the
+same accuracy matrix and the same per-item completions as an uninterrupted run (bit-identical on
+CPU)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from clbench.results import read_results
+
+HERE = Path(__file__).resolve().parent
+
+# The child runs `clbench run` through the CLI with the test plugins of test_protocol.py.
+CHILD = """
+import sys
+sys.path.insert(0, {here!r})
+from test_protocol import run_cli
+res = run_cli(sys.argv[1:])
+sys.stdout.write(res.output)
+sys.exit(res.exit_code)
+"""
+
+
+def _items(run_dir: Path) -> dict[str, str]:
+    return {str(p.relative_to(run_dir)): p.read_text()
+            for p in sorted((run_dir / "items").rglob("*.jsonl"))}
+
+
+@pytest.mark.slow
+def test_sigkill_mid_stage_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    from test_protocol import PAUSE_ENV, SUITE, run_cli, write_suite
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
+    common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
+              "--device", "cpu"]
+    straight = tmp_path / "straight"
+    assert run_cli(common + ["--out", str(straight)]).exit_code == 0
+
+    killed = tmp_path / "killed"
+    marker = tmp_path / "paused"
+    env = dict(os.environ, **{PAUSE_ENV: "2:1", PAUSE_ENV + "_MARKER": str(marker)})
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), *common,
+                              "--out", str(killed)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            if child.poll() is not None:
+                pytest.fail(f"the child ended early:\n{child.stdout.read().decode()}")
+            assert time.monotonic() < deadline, "the child never reached stage 2"
+            time.sleep(0.2)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    partial = read_results(killed / "results.json")
+    assert partial.status == "partial" and len(partial.matrix) == 2  # base + stage 1
+
+    res = run_cli(common + ["--out", str(killed), "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "resuming after stage 1" in res.output
+    a, b = read_results(straight / "results.json"), read_results(killed / "results.json")
+    assert b.status == "complete"
+    assert b.score_matrix() == a.score_matrix()
+    assert _items(killed) == _items(straight)  # same completions, item by item
+    assert [s.summary for s in b.stages] == [s.summary for s in a.stages]  # same losses
+    assert {k: v.value for k, v in b.metrics.items()} == {k: v.value for k, v in a.metrics.items()}
+
+
+def test_resume_of_a_complete_run_reprints_without_training(tmp_path: Path) -> None:
+    from test_protocol import SUITE, run_cli, write_suite
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    args = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+            "--out", str(tmp_path / "r")]
+    assert run_cli(args).exit_code == 0
+    before = (tmp_path / "r" / "results.json").read_bytes()
+    res = run_cli(args + ["--resume"])
+    assert res.exit_code == 0 and "already complete" in " ".join(res.output.split())
+    assert (tmp_path / "r" / "results.json").read_bytes() == before
