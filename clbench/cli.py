@@ -358,5 +358,101 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     protocol.execute(run, resume=resume, console=console)
 
 
+@cli.command("sweep")
+@click.option("--suite", "suite_ref", required=True, metavar="NAME|FILE",
+              help="A named suite or a suite file.")
+@click.option("--methods", required=True, metavar="A,B,...", help="Comma-separated methods.")
+@click.option("--seeds", default="0", show_default=True, metavar="0,1,...",
+              help="Comma-separated run seeds.")
+@click.option("--out", "out_root", type=click.Path(file_okay=False), default=None,
+              help="Root folder; each run goes to <out>/<method>/s<seed>  "
+                   "[default: runs/<suite>]")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override applied to every run (repeatable), as in `clbench run`.")
+@click.option("--model", "model_name", default=None, metavar="NAME",
+              help="Model to train instead of the suite's default.")
+@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
+              help="Where to train and evaluate.")
+def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
+                  sets: tuple[str, ...], model_name: str | None, device: str) -> None:
+    """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
+
+    Ends with a comparison table: mean ± std over seeds per method (n = seeds).
+
+    \b
+    Example:
+      clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1,2 --out runs/starter
+    """
+    from clbench import protocol
+    from clbench.suites import load_suite, resolve_suite
+
+    if not _DEVICE.match(device):
+        raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds {seeds!r}: expected comma-separated integers, e.g. 0,1,2") \
+            from None
+    if not method_list or not seed_list:
+        raise UserError("--methods and --seeds must each name at least one value")
+    if out_root is None:
+        out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
+    protocol.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
+                   model=model_name, device=device, console=stdout_console())
+
+
+@cli.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+def report_command(run_dirs: tuple[str, ...], as_json: bool) -> None:
+    """Print the matrix and metrics of finished runs and the comparison over seeds.
+
+    A RUN_DIR holds a results.json, or is a folder searched for them (e.g. a sweep's root).
+
+    \b
+    Example:
+      clbench report runs/starter
+      clbench report runs/starter/sdpo/s0 --json
+    """
+    from clbench import protocol
+
+    console = stdout_console()
+    if as_json:
+        console = Console(file=sys.stdout, highlight=False, soft_wrap=True, color_system=None)
+    protocol.report(list(run_dirs), as_json=as_json, console=console)
+
+
+@cli.command("export-lm-eval")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--suite", "suite_ref", required=True, metavar="NAME|FILE",
+              help="A named suite or a suite file.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Suite override (repeatable), e.g. --set protocol.eval_size=100.")
+def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) -> None:
+    """Export a suite's clbench tasks as lm-eval tasks (YAML + JSONL + grader hook).
+
+    Score any checkpoint with lm-eval itself (clbench must be installed for the grader):
+
+    \b
+    Example:
+      clbench export-lm-eval lmeval_tasks --suite starter
+      lm_eval --model hf --model_args pretrained=CKPT --include_path lmeval_tasks \\
+          --tasks clbench_starter
+    """
+    from clbench.lmeval import export_lm_eval
+    from clbench.suites import load_suite, resolve_suite, validate_suite_plugins
+
+    path = resolve_suite(suite_ref)
+    suite = load_suite(path, parse_sets(sets))
+    validate_suite_plugins(suite, path)
+    written = export_lm_eval(suite, out_dir)
+    console = stdout_console()
+    for p in written:
+        console.print(f"wrote {p}")
+    console.print(f"{len(written)} lm-eval tasks (tag clbench_{suite.name.replace('-', '_')}) "
+                  f"in {out_dir}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -131,3 +131,16 @@ def test_export_writes_tasks_that_lm_eval_runs_with_our_grader(tmp_path: Path, t
         ours = [grade_exported_doc(s["doc"], s["filtered_resps"][0])["acc"] for s in samples]
     assert len(samples) == 3
     assert out["results"]["clbench_echo_high"]["acc,none"] == pytest.approx(sum(ours) / 3)
+
+
+def test_export_command(tmp_path: Path) -> None:
+    from test_protocol import SUITE, run_cli
+
+    suite = tmp_path / "echo.yaml"
+    suite.write_text(SUITE)
+    res = run_cli(["export-lm-eval", str(tmp_path / "out"), "--suite", str(suite),
+                   "--set", "protocol.eval_size=4"])
+    assert res.exit_code == 0, res.output
+    assert "3 lm-eval tasks (tag clbench_echo)" in " ".join(res.output.split())
+    assert len((tmp_path / "out" / "clbench_echo_low.jsonl").read_text().splitlines()) == 4
+    assert (tmp_path / "out" / "utils.py").is_file()

@@ -270,3 +270,36 @@ def test_report_command_on_a_finished_run(tmp_path: Path) -> None:
     from clbench.errors import UserError
     with pytest.raises(UserError, match="no results.json"):
         report([tmp_path / "nowhere"])
+
+
+def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    root = tmp_path / "grid"
+    res = run_cli(["sweep", "--suite", str(suite), "--methods", "test.echo-sft", "--seeds", "0",
+                   "--out", str(root), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert "(n=1)" in res.output  # a single seed says so
+    res = run_cli(["report", str(root), "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["runs"][0]["status"] == "complete" and data["runs"][0]["seed"] == 0
+    assert data["comparison"]
+    bad = run_cli(["sweep", "--suite", str(suite), "--methods", "test.echo-sft",
+                   "--seeds", "0,x"])
+    assert bad.exit_code == 2 and "comma-separated integers" in bad.output
+    missing = run_cli(["report", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "no results.json" in missing.output
+
+
+@pytest.mark.slow
+def test_smoke_suite_with_a_real_method_through_the_cli(tmp_path: Path) -> None:
+    from clbench.cli import cli
+
+    out = tmp_path / "smoke"
+    res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--out",
+                                   str(out), "--device", "cpu"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    result = read_results(out / "results.json")
+    assert result.status == "complete" and len(result.matrix) == 3
+    assert set(result.metrics) >= {"acc", "la", "bwt", "fwt", "forgetting", "ood_delta"}
+    assert all(st.summary for st in result.stages)
