@@ -6,10 +6,16 @@ import pytest
 import torch
 
 from clbench.engine.logprobs import completion_distributions, completion_logprobs, pack_batch
-from toy import tiny
+from toy import one_thread, tiny
 
 PROMPTS = [[1, 5, 9, 12], [3, 4], [7, 8, 9, 10, 11, 12, 13]]
 COMPLETIONS = [[20, 21, 22], [30, 31, 32, 33, 34, 35], [40]]
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,17 @@ from __future__ import annotations
 import pytest
 
 from clbench.engine.rollout import HFGenerator, SamplingParams, encode_chat, finish_completion
-from toy import tiny
+from toy import one_thread, tiny
 
 PROMPTS = [[{"role": "user", "content": "hi"}],
            [{"role": "user", "content": "a much longer prompt than the first one"}],
            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "why?"}]]
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

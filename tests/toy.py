@@ -12,6 +12,8 @@ Import from tests as `from toy import ...` (pytest puts `tests/` on the path).
 from __future__ import annotations
 
 import string
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,21 @@ class LowercaseTask(TaskSource):
         feedback = None if reward == 1 else f"{self.params.k - hits} of the first " \
             f"{self.params.k} characters are not lowercase letters"
         return Grade(reward=reward, correct=reward == 1.0, feedback=feedback)
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch on one thread, then restore the setting.
+
+    Tiny models gain nothing from intra-op threads, and on a busy machine the threads of
+    several processes spin against each other (measured: 9 s vs 110 s for the same 30 steps).
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def tiny(name: str = "tiny-llama", seed: int = 0) -> tuple[Any, Any]:
