@@ -227,6 +227,7 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_MODEL}-", dir=target.parent))
         try:
             _materialise_gguf(gguf, tmp)
+            _make_readable(tmp)  # mkdtemp makes 0700; the cache is shared by every user
             if target.exists():  # a stale, incomplete folder from an older layout
                 shutil.rmtree(target)
             os.replace(tmp, target)
@@ -234,6 +235,12 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _make_readable(folder: Path) -> None:
+    folder.chmod(0o755)
+    for path in folder.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _materialise_gguf(gguf: Path, out_dir: Path) -> None:

@@ -149,3 +149,51 @@ def test_repository_code_runs_only_when_the_spec_allows_it(tmp_path: Path) -> No
         load_model(ModelSpec(name=str(folder)), device="cpu")
     model, _ = load_model(ModelSpec(name=str(folder), trust_remote_code=True), device="cpu")
     assert getattr(model, "ran_repository_code", False) is True
+
+
+def test_embedded_model_is_materialised_once_atomically_under_a_lock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    import clbench.models as models
+
+    calls: list[Path] = []
+
+    def slow_materialise(gguf: Path, out_dir: Path) -> None:
+        calls.append(out_dir)
+        (out_dir / "model.safetensors").write_text("weights")
+        time.sleep(0.3)  # long enough for the other thread to arrive and wait on the lock
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(models, "embedded_gguf_path", lambda: tmp_path / "fake.gguf")
+    monkeypatch.setattr(models, "_materialise_gguf", slow_materialise)
+    results: list[Path] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        models.embedded_model_dir(tmp_path / "cache"))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    target = tmp_path / "cache" / "smollm2-135m"
+    assert len(calls) == 1 and calls[0] != target  # written elsewhere, then renamed
+    assert results == [target, target]
+    assert sorted(p.name for p in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert [p.name for p in (tmp_path / "cache").iterdir()
+            if p.name.startswith(".smollm2-135m-")] == []  # no temp folder left behind
+    assert oct(target.stat().st_mode & 0o777) == "0o755"
+
+
+def test_failed_materialisation_leaves_nothing_half_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import clbench.models as models
+
+    def broken(gguf: Path, out_dir: Path) -> None:
+        (out_dir / "model.safetensors").write_text("half")
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(models, "embedded_gguf_path", lambda: tmp_path / "fake.gguf")
+    monkeypatch.setattr(models, "_materialise_gguf", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        models.embedded_model_dir(tmp_path / "cache")
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [".smollm2-135m.lock"]
