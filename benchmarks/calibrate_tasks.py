@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="suite override KEY=VALUE (repeatable)")
     ap.add_argument("--show", type=int, default=0,
                     help="print this many wrong completions per column")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (1 avoids thrashing on a shared, busy machine)")
     ap.add_argument("--json", dest="json_out", default=None, help="also write results as JSON")
     return ap.parse_args(argv)
 
@@ -62,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     from clbench.registry import build_task
     from clbench.suites import load_suite
 
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     suite = load_suite(args.suite, args.sets)
     decoding = suite.protocol.decoding.model_copy(update={"batch_size": args.batch_size})
     if args.max_new_tokens:
