@@ -1,0 +1,58 @@
+"""The embedded SmolLM2-135M-Instruct: loads from the cache, answers sensibly, trains one step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from clbench.engine.rollout import HFGenerator, SamplingParams
+from clbench.models import EMBEDDED_MODEL, embedded_model_dir, load_model
+from clbench_methods.grpo import GRPO
+from clbench_methods.sft import SFT
+from toy import one_thread, toy_context
+
+pytestmark = pytest.mark.embedded
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return load_model(EMBEDDED_MODEL, device="cpu", dtype="float32")
+
+
+def test_embedded_model_loads_as_the_instruct_model(embedded) -> None:
+    model, tok = embedded
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+    assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
+    assert tok.padding_side == "left" and tok.pad_token_id is not None
+    assert tok.convert_ids_to_tokens(tok.eos_token_id) == "<|im_end|>"
+    assert (embedded_model_dir() / "model.safetensors").is_file()
+
+
+def test_embedded_model_knows_the_capital_of_france(embedded) -> None:
+    model, tok = embedded
+    rollout = HFGenerator(model, tok).generate(
+        [[{"role": "user", "content": "What is the capital of France?"}]],
+        SamplingParams(n=1, temperature=0.0, max_new_tokens=16))[0]
+    assert "Paris" in rollout.text
+
+
+@pytest.mark.parametrize("method", [SFT({"lr": 1e-5}), GRPO({"lr": 1e-5})], ids=["sft", "grpo"])
+def test_one_training_step_moves_the_embedded_model(embedded, method, tmp_path: Path) -> None:
+    model, tok = embedded
+    before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    ctx = toy_context(model, tok, tmp_path, steps=1, prompts_per_step=2, samples_per_prompt=2,
+                      max_new_tokens=8)
+    report = method.train_stage(ctx)
+    assert len(report.steps) == 1 and torch.isfinite(torch.tensor(report.steps[0]["loss"]))
+    # (for GRPO this seed's batch has reward variance, so the gradient is not zero)
+    assert report.steps[0]["grad_norm"] > 0
+    assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
