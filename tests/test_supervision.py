@@ -45,7 +45,7 @@ def test_think_block_supervises_only_the_text_after_it(char_tok):
     ids = _ids(char_tok, text)
     mask = sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start)
     assert _supervised_text(char_tok, ids, mask) == "The answer is 42."
-    assert mask[-1] is True  # EOS after a non-empty answer is supervised (stopping)
+    assert mask[-1] is True  # EOS is supervised (stopping is part of the answer)
     assert sum(mask) == len("The answer is 42.") + 1
     assert all(sv.completion_supervision(char_tok, text, ids, "all", default_answer_start))
 
@@ -79,15 +79,18 @@ def test_single_line_answer_is_all_answer(char_tok):
     assert all(sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start))
 
 
-def test_empty_completion_supervises_nothing(char_tok):
+def test_empty_answer_supervises_only_the_stop_decision(char_tok):
     eos_only = [char_tok.eos_token_id]
     assert sv.completion_supervision(char_tok, "", eos_only, "answer",
-                                     default_answer_start) == [False]
+                                     default_answer_start) == [True]
     assert sv.completion_supervision(char_tok, "", [], "answer", default_answer_start) == []
-    # a completion that ends with </think> has an empty answer part
+    # a completion that ends with </think> has an empty answer part: only its EOS is a target
     text = "<think>hmm</think>"
     ids = _ids(char_tok, text)
-    assert not any(sv.completion_supervision(char_tok, text, ids, "answer",
+    mask = sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start)
+    assert mask == [False] * len(text) + [True]
+    # truncated (no EOS): nothing
+    assert not any(sv.completion_supervision(char_tok, text, ids[:-1], "answer",
                                              default_answer_start))
 
 

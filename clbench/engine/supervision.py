@@ -13,10 +13,12 @@ it, e.g. tool use starts the answer at ``Action:``).
 
 - ``answer`` supervision: token ``i`` is supervised iff ``end_i > a``: every token that contains
   at least one character of the answer, including a token that straddles the boundary (e.g.
-  ``" 37"`` when the answer starts at ``3``), plus the EOS token when the answer is non-empty
-  (stopping right after the answer is part of answering). A token that ends exactly at ``a``
-  (the newline before the last line, ``</think>`` itself) is not supervised. When the answer
-  part is empty (``a = len(text)``), nothing is supervised.
+  ``" 37"`` when the answer starts at ``3``). A token that ends exactly at ``a`` (the newline
+  before the last line, ``</think>`` itself) is not supervised. In addition, the special tokens
+  that close the completion (EOS) are always supervised: the decision to stop is part of the
+  answer, and without it a completion that stops before answering (``a = len(text)``, e.g. an
+  empty completion or one ending with ``</think>``) would get no signal at all and the model
+  could drift into stopping early unopposed.
 - ``all`` supervision (chain of thought): every token of the completion, EOS included.
 
 Supervision density is the fraction of completion tokens that are supervised.
@@ -67,17 +69,21 @@ def monotone_ends(raw_ends: Sequence[int]) -> list[int]:
     return out
 
 
-def answer_token_mask(token_ends: Sequence[int], answer_start: int) -> list[bool]:
-    """Token i is an answer token iff its span ends after `answer_start` (``end_i > a``)."""
-    return [end > answer_start for end in token_ends]
+def answer_token_mask(token_ends: Sequence[int], answer_start: int,
+                      closing_tokens: int = 0) -> list[bool]:
+    """Token i is an answer token iff its span ends after `answer_start` (``end_i > a``) or it
+    is one of the last `closing_tokens` tokens (the EOS that ends the completion)."""
+    n = len(token_ends)
+    return [end > answer_start or i >= n - closing_tokens for i, end in enumerate(token_ends)]
 
 
 def supervision_mask(text: str, token_ends: Sequence[int], mode: Supervision,
-                     answer_start: Callable[[str], int]) -> list[bool]:
+                     answer_start: Callable[[str], int], closing_tokens: int = 0) -> list[bool]:
     """Per-token supervision of one completion: answer tokens (``answer``) or all (``all``).
 
     `answer_start` is the task's ``answer_start(text) -> char offset``; it is clamped to
     ``[0, len(text)]`` so a task returning an out-of-range offset cannot select phantom tokens.
+    `closing_tokens` is the number of special tokens ending the completion (1 for an EOS).
     """
     if mode == "all":
         return [True] * len(token_ends)
@@ -85,7 +91,7 @@ def supervision_mask(text: str, token_ends: Sequence[int], mode: Supervision,
         raise ValueError(f"unknown supervision {mode!r}; expected one of "
                          f"{', '.join(SUPERVISION_MODES)}")
     start = min(max(int(answer_start(text)), 0), len(text))
-    return answer_token_mask(token_ends, start)
+    return answer_token_mask(token_ends, start, closing_tokens)
 
 
 def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
@@ -95,10 +101,17 @@ def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
 
     `text` must be the completion text the grader saw (``decode(ids, skip_special_tokens=True)``,
     possibly cut at a stop string: tokens past the cut then count as ending after the answer).
+    The special tokens at the end of `token_ids` (the tokenizer's ``all_special_ids``: EOS) are
+    the closing tokens, always supervised.
     """
     if mode == "all":
         return [True] * len(token_ids)
-    return supervision_mask(text, token_char_ends(tokenizer, token_ids), mode, answer_start)
+    special = set(getattr(tokenizer, "all_special_ids", None) or [])
+    closing = 0
+    while closing < len(token_ids) and token_ids[len(token_ids) - 1 - closing] in special:
+        closing += 1
+    return supervision_mask(text, token_char_ends(tokenizer, token_ids), mode, answer_start,
+                            closing)
 
 
 def random_token_mask(mask: torch.Tensor, mask_ratio: float,

@@ -1,0 +1,293 @@
+"""SDPO and its variants: on-policy self-distillation on the shared on-policy loop.
+
+For each prompt, n rollouts are sampled and graded exactly as for GRPO
+(:mod:`clbench.engine.onpolicy`). Then, per rollout:
+
+1. teacher context (:mod:`clbench.engine.teacher`): the first OTHER rollout of the prompt with
+   reward >= `demo_threshold` as a demonstration and/or the verifier's feedback on this rollout,
+   written into the last user turn with the reference templates; a rollout with neither gets no
+   loss;
+2. supervised tokens (:mod:`clbench.engine.supervision`): the answer part (`supervision:
+   answer`, SDPO) or every token (`all`, SDPO-CoT), optionally thinned by `mask_ratio`;
+3. the teacher network (:class:`clbench.engine.teacher.TeacherWeights`, `frozen` / `ema` /
+   `live` / `refresh`) scores the student's OWN completion under the teacher context (no grad);
+4. loss = token mean over supervised tokens of divergence(student, teacher) times the detached
+   importance weight min(p_new / p_old, is_clip) (:mod:`clbench.engine.losses`).
+
+The SDPO loss replaces the policy-gradient loss, as in the reference. Variants:
+``sdpo`` (answer supervision, frozen teacher: the paper's SDPO_0), ``sdpo-cot`` (all tokens,
+demonstration reasoning kept) and ``stable-sdpo`` (refresh-and-freeze teacher, period 40% of the
+stage's steps).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import ClassVar, Literal
+
+import torch
+from pydantic import Field
+
+from clbench.engine.api import Method, StageContext, StageReport
+from clbench.engine.logprobs import completion_distributions, completion_logprobs
+from clbench.engine.losses import (distillation_per_token, importance_weight,
+                                   topk_logprob_divergence, token_mean)
+from clbench.engine.onpolicy import Objective, OnPolicyTrainer, RolloutBatch, pad_to
+from clbench.engine.optim import OptimizerSettings
+from clbench.engine.rollout import encode_chat
+from clbench.engine.supervision import completion_supervision, random_token_mask
+from clbench.engine.teacher import TeacherWeights, plan_teacher_contexts
+from clbench.tasks.base import seeded_rng
+
+
+class SDPOConfig(OptimizerSettings):
+    """SDPO settings. Defaults follow the reference (lasgroup/SDPO) and the paper's SDPO_0."""
+
+    lr: float = Field(default=1e-5, gt=0.0, description="Peak learning rate (reference: 1e-5). "
+                      "A stage budget's `lr` overrides it.")
+    weight_decay: float = Field(default=0.01, ge=0.0, description="AdamW decoupled weight decay "
+                                "(not applied to biases and norm weights).")
+    max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Clip the global "
+                                        "gradient norm to this value (`grad_clip`); null "
+                                        "disables clipping.")
+    divergence: Literal["sampled_token", "topk", "full"] = Field(
+        default="topk", description="Per-token divergence: `topk` (student's top-k tokens plus a "
+        "tail bucket, generalised JSD; the reference), `full` (whole vocabulary) or "
+        "`sampled_token` (reverse KL on the sampled token only; TRL's default).")
+    topk: int = Field(default=100, ge=1, description="Support size of the `topk` divergence.")
+    alpha: float = Field(default=0.5, ge=0.0, le=1.0, description="Generalised JSD weight: 0 = "
+                         "forward KL(teacher||student), 1 = reverse KL(student||teacher), 0.5 = "
+                         "symmetric JSD. Ignored by `sampled_token` (always reverse KL).")
+    is_clip: float | None = Field(default=2.0, gt=0.0, description="Cap of the detached "
+                                  "importance weight p_new/p_old multiplying each token's loss; "
+                                  "null disables the weight.")
+    teacher: Literal["frozen", "ema", "live", "refresh"] = Field(
+        default="frozen", description="Teacher weights: `frozen` copy of the student at stage "
+        "start (SDPO_0), `ema` moving average (SDPO_tau), `live` current student, `refresh` "
+        "copy refreshed every `refresh_fraction` of the stage and frozen in between "
+        "(StableSDPO).")
+    ema_rate: float = Field(default=0.05, ge=0.0, le=1.0, description="EMA rate tau of the `ema` "
+                            "teacher: theta_T <- (1 - tau) theta_T + tau theta_S after each step.")
+    refresh_fraction: float = Field(default=0.4, gt=0.0, le=1.0, description="Refresh period of "
+                                    "the `refresh` teacher as a fraction of the stage's steps: "
+                                    "refreshes before steps 0, K, 2K, ... with K = "
+                                    "ceil(fraction * steps).")
+    demo_threshold: float = Field(default=0.5, ge=0.0, le=1.0, description="A sibling rollout "
+                                  "with reward >= this is a demonstration.")
+    use_feedback: bool = Field(default=True, description="Put the verifier's feedback on a failed "
+                               "rollout into its teacher context.")
+    use_reference_solution: bool = Field(default=False, description="Use the task's reference "
+                                         "solution as the demonstration when no sibling "
+                                         "succeeded (privileged context).")
+    strip_demo_reasoning: bool = Field(default=True, description="Remove <think>...</think> from "
+                                       "demonstrations before inserting them.")
+    supervision: Literal["answer", "all"] = Field(
+        default="answer", description="Which completion tokens get a target: `answer` (tokens "
+        "from the task's answer start on: after </think>, else the last line) or `all` "
+        "(chain of thought included).")
+    mask_ratio: float = Field(default=0.0, ge=0.0, le=1.0, description="Drop each supervised "
+                              "token at random with this probability (supervision density).")
+    inner_updates: int = Field(default=1, ge=1, description="Optimizer steps per generated "
+                               "batch; 1 makes the importance weight exactly 1.")
+    micro_batch_size: int | None = Field(default=None, ge=1, description="Rollouts per forward/"
+                                         "backward pass (gradient accumulation); all at once "
+                                         "when unset.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings for the "
+                            "training rollouts (EOS always stops).")
+
+
+class SDPOCoTConfig(SDPOConfig):
+    """SDPO-CoT: every completion token is supervised and demonstrations keep their reasoning."""
+
+    supervision: Literal["answer", "all"] = Field(
+        default="all", description="Which completion tokens get a target (SDPO-CoT: `all`).")
+    strip_demo_reasoning: bool = Field(default=False, description="Remove <think>...</think> "
+                                       "from demonstrations (SDPO-CoT keeps it).")
+
+
+class StableSDPOConfig(SDPOConfig):
+    """StableSDPO: refresh-and-freeze teacher."""
+
+    teacher: Literal["frozen", "ema", "live", "refresh"] = Field(
+        default="refresh", description="Teacher weights (StableSDPO: `refresh`).")
+
+
+class SDPOObjective(Objective):
+    """Self-distillation loss from the teacher's scores of the student's own completions."""
+
+    def __init__(self, config: SDPOConfig) -> None:
+        self.config = config
+        self.teacher = TeacherWeights(config.teacher, ema_rate=config.ema_rate,
+                                      refresh_fraction=config.refresh_fraction)
+        self.teacher_seconds = 0.0
+        self.refresh_steps: list[int] = []
+
+    # -- stage life cycle ------------------------------------------------------------------------
+
+    def on_stage_start(self, trainer: OnPolicyTrainer) -> None:
+        self.teacher.start_stage(trainer.model, trainer.ctx.budget.steps)
+        if self.teacher.before_step(0):
+            self.refresh_steps.append(0)
+
+    def after_step(self, trainer: OnPolicyTrainer, step: int) -> dict[str, float]:
+        self.teacher.after_optimizer_step()
+        refreshed = False
+        if step + 1 < trainer.ctx.budget.steps:
+            # The refresh for step s+1 copies the student as it is after step s.
+            refreshed = self.teacher.before_step(step + 1)
+            if refreshed:
+                self.refresh_steps.append(step + 1)
+        return {"teacher_refreshed": float(refreshed)}
+
+    def on_stage_end(self, trainer: OnPolicyTrainer, report: StageReport) -> None:
+        # Teacher forwards run inside the loss, so this time is also part of `backward`.
+        report.wall_time["teacher_forward"] = self.teacher_seconds
+        report.extra["teacher"] = {"mode": self.config.teacher, "refresh_steps":
+                                   list(self.refresh_steps), "refresh_period": self.teacher.period}
+
+    # -- a fresh batch ---------------------------------------------------------------------------
+
+    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
+        cfg, ctx = self.config, trainer.ctx
+        n = batch.group_size
+        contexts = []
+        for g, example in enumerate(batch.examples):
+            rows = range(g * n, (g + 1) * n)
+            contexts += plan_teacher_contexts(
+                example.messages, [float(batch.rewards[i]) for i in rows],
+                [batch.rollouts[i].text for i in rows], [batch.grades[i].feedback for i in rows],
+                threshold=cfg.demo_threshold, use_feedback=cfg.use_feedback,
+                reference=example.reference if cfg.use_reference_solution else None,
+                strip_reasoning=cfg.strip_demo_reasoning)
+        supervised = torch.zeros_like(batch.completion_mask)
+        for i, (rollout, tc) in enumerate(zip(batch.rollouts, contexts)):
+            if not tc.active:
+                continue
+            row = completion_supervision(ctx.tokenizer, rollout.text, rollout.completion_ids,
+                                         cfg.supervision, ctx.task.answer_start)
+            supervised[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
+        generator = torch.Generator().manual_seed(
+            seeded_rng("sdpo.mask", ctx.seed, batch.step).getrandbits(63))
+        supervised = random_token_mask(supervised, cfg.mask_ratio, generator)
+        supervised &= batch.completion_mask
+        batch.extra["contexts"] = contexts
+        batch.extra["teacher_prompt_ids"] = [encode_chat(ctx.tokenizer, tc.messages)
+                                             if tc.active else None for tc in contexts]
+        batch.extra["supervised"] = supervised
+        batch.extra["normalizer"] = int(supervised.sum())
+        total = max(int(batch.completion_mask.sum()), 1)
+        size = max(batch.size, 1)
+        return {
+            "supervised_token_fraction": float(supervised.sum()) / total,
+            "teacher_active_fraction": sum(tc.active for tc in contexts) / size,
+            "demo_fraction": sum(tc.demonstration is not None for tc in contexts) / size,
+            "reference_demo_fraction": sum(tc.source == "reference" for tc in contexts) / size,
+            "feedback_fraction": sum(tc.feedback is not None for tc in contexts) / size,
+        }
+
+    # -- the loss ----------------------------------------------------------------------------------
+
+    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        cfg = self.config
+        supervised: torch.Tensor = batch.extra["supervised"]
+        active = [i for i in rows if bool(supervised[i].any())]
+        if not active:
+            # Nothing to learn from in these rows: a loss that touches no parameter, so the
+            # optimizer skips the step for them instead of applying decay-only updates.
+            return torch.zeros((), requires_grad=True), {}
+        normalizer = batch.extra["normalizer"]
+        completions = [batch.rollouts[i].completion_ids for i in active]
+        student_prompts = [batch.rollouts[i].prompt_ids for i in active]
+        teacher_prompts = [batch.extra["teacher_prompt_ids"][i] for i in active]
+        mask = supervised[active]
+        common = {"temperature": batch.temperature, "chunk_size": trainer.chunk_size}
+
+        if cfg.divergence == "sampled_token":
+            student = completion_logprobs(trainer.model, student_prompts, completions, grad=True,
+                                          **common)
+            student_logp = pad_to(student.logprobs, batch.length)
+            teacher_logp = self._teacher_token_logprobs(teacher_prompts, completions, batch,
+                                                        common)
+            per_token = distillation_per_token("sampled_token", student_logp=student_logp,
+                                               teacher_logp=teacher_logp)
+        else:
+            topk = cfg.topk if cfg.divergence == "topk" else None
+            student_d = completion_distributions(trainer.model, student_prompts, completions,
+                                                 topk=topk, grad=True, **common)
+            started = time.perf_counter()
+            with torch.no_grad():
+                teacher_d = completion_distributions(self.teacher.model, teacher_prompts,
+                                                     completions, indices=student_d.indices,
+                                                     **common)
+            self.teacher_seconds += time.perf_counter() - started
+            student_logp = pad_to(student_d.token_logprobs, batch.length)
+            teacher_logp = pad_to(teacher_d.token_logprobs, batch.length)
+            if topk is not None:
+                per_token = topk_logprob_divergence(student_d.logprobs, teacher_d.logprobs,
+                                                    alpha=cfg.alpha)
+            else:
+                per_token = distillation_per_token(
+                    "full", student_logits=student_d.logprobs, teacher_logits=teacher_d.logprobs,
+                    alpha=cfg.alpha)
+            per_token = pad_to(per_token, batch.length)
+        trainer.counters.add("teacher_tokens", sum(len(p) + len(c) for p, c in
+                                                   zip(teacher_prompts, completions)))
+
+        if batch.old_logprobs is None:
+            old = student_logp.detach()
+        else:
+            old = batch.old_logprobs[active].to(student_logp.device)
+        weight = importance_weight(student_logp, old, cfg.is_clip)
+        loss = token_mean(per_token * weight, mask, normalizer)
+        # KL(student || teacher) estimated on the sampled tokens (they are drawn from the student)
+        log_ratio = (student_logp.detach() - teacher_logp).clamp(-20, 20)
+        stats = {"teacher_kl": float(token_mean(log_ratio, mask, normalizer)),
+                 "divergence_mean": float(token_mean(per_token.detach(), mask, normalizer)),
+                 "importance_weight_mean": float(token_mean(weight, mask, normalizer))}
+        return loss, stats
+
+    def _teacher_token_logprobs(self, prompts: list[list[int]], completions: list[list[int]],
+                                batch: RolloutBatch, common: dict) -> torch.Tensor:
+        started = time.perf_counter()
+        with torch.no_grad():
+            scored = completion_logprobs(self.teacher.model, prompts, completions, **common)
+        self.teacher_seconds += time.perf_counter() - started
+        return pad_to(scored.logprobs, batch.length)
+
+    def supervised_tokens(self, batch: RolloutBatch) -> int:
+        return int(batch.extra["normalizer"])
+
+
+class SDPO(Method):
+    """Self-distillation policy optimisation (the paper's SDPO_0 by default)."""
+
+    name: ClassVar[str] = "sdpo"
+    description: ClassVar[str] = ("SDPO: self-distillation from the model re-prompted with a "
+                                  "successful sibling and feedback; answer tokens, frozen teacher")
+    Config: ClassVar[type[SDPOConfig]] = SDPOConfig
+    config: SDPOConfig
+
+    def train_stage(self, ctx: StageContext) -> StageReport:
+        cfg = self.config
+        trainer = OnPolicyTrainer(ctx, SDPOObjective(cfg), cfg, inner_updates=cfg.inner_updates,
+                                  micro_batch_size=cfg.micro_batch_size, stop=tuple(cfg.stop))
+        return trainer.run()
+
+
+class SDPOCoT(SDPO):
+    """SDPO with chain-of-thought supervision: every completion token is a target."""
+
+    name: ClassVar[str] = "sdpo-cot"
+    description: ClassVar[str] = ("SDPO-CoT: SDPO supervising every completion token, "
+                                  "demonstrations keep their reasoning")
+    Config: ClassVar[type[SDPOConfig]] = SDPOCoTConfig
+
+
+class StableSDPO(SDPO):
+    """SDPO with a refresh-and-freeze teacher."""
+
+    name: ClassVar[str] = "stable-sdpo"
+    description: ClassVar[str] = ("StableSDPO: SDPO whose teacher is reset to the student every "
+                                  "40% of the stage and frozen in between")
+    Config: ClassVar[type[SDPOConfig]] = StableSDPOConfig

@@ -1,0 +1,296 @@
+"""SDPO, SDPO-CoT and StableSDPO on the shared on-policy loop.
+
+The learnability test needs a teacher that is better than the student. A random tiny model is
+not, so a short SFT warm-up first teaches it a context switch: under the SDPO teacher prompt
+(demonstration and/or feedback + "Correctly solve the original question.") it writes lowercase
+letters, under the plain prompt uppercase ones. The warm model then scores ~0 on the toy task
+(lowercase letters), its teacher ~1, and SDPO must carry the teacher's behaviour into the plain
+prompt. With the loss sign flipped it does not.
+"""
+
+from __future__ import annotations
+
+import copy
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from clbench.engine.teacher import build_teacher_messages
+from clbench.tasks.base import Example, Grade, Split, TaskSource, seeded_rng
+from clbench_methods import sdpo as sdpo_module
+from clbench_methods.sdpo import SDPO, SDPOConfig, SDPOCoT, SDPOObjective, StableSDPO
+from clbench_methods.sft import SFT
+from toy import LowercaseTask, greedy_reward, one_thread, tiny, toy_context
+
+K = 4  # letters per completion
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
+
+
+class TeacherSwitchWarmup(TaskSource):
+    """SFT data: plain toy prompts -> uppercase letters; SDPO teacher prompts -> lowercase."""
+
+    name = "toy.teacher-switch"
+    description = "Warm-up data for the SDPO learnability test."
+    domain = "toy"
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        rng = seeded_rng("teacher-switch", split, seed)
+        prompts = LowercaseTask({"k": K}).examples("train", 1234, 64)
+
+        def word(alphabet: str) -> str:
+            return "".join(rng.choice(alphabet) for _ in range(K))
+
+        items = []
+        for i in range(size):
+            messages = prompts[rng.randrange(len(prompts))].messages
+            if i % 2 == 0:
+                items.append(Example(f"plain-{i}", messages, word(string.ascii_uppercase), None))
+                continue
+            kind = rng.randrange(3)  # demonstration, feedback, or both
+            demo = word(string.ascii_lowercase) if kind != 1 else None
+            feedback = (f"{rng.randrange(1, K + 1)} of the first {K} characters are not "
+                        "lowercase letters") if kind != 0 else None
+            items.append(Example(f"teacher-{i}", build_teacher_messages(messages, demo, feedback),
+                                 word(string.ascii_lowercase), None))
+        return items
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return Grade(reward=0.0, correct=False)
+
+
+@pytest.fixture(scope="module")
+def warm_model(tmp_path_factory: pytest.TempPathFactory):
+    with one_thread():
+        model, tok = tiny(seed=0)
+        ctx = toy_context(model, tok, tmp_path_factory.mktemp("warmup"), steps=80,
+                          prompts_per_step=16, max_new_tokens=K, lr=3e-3,
+                          task=TeacherSwitchWarmup(), train_size=512)
+        SFT({}).train_stage(ctx)
+    return model, tok
+
+
+def _train(warm_model, tmp_path: Path, method, steps: int = 12, lr: float = 3e-3
+           ) -> tuple[torch.nn.Module, list[dict], object]:
+    model, tok = copy.deepcopy(warm_model[0]), warm_model[1]
+    log: list[dict] = []
+    ctx = toy_context(model, tok, tmp_path, steps=steps, max_new_tokens=K, lr=lr, log=log)
+    report = method.train_stage(ctx)
+    return model, log, report
+
+
+# variant -> (method, learning rate). The sampled-token objective carries one token's worth of
+# signal per position instead of a distribution, so it needs a larger step to move as fast.
+VARIANTS = {
+    "sdpo": (lambda: SDPO(), 3e-3),
+    "sdpo-cot": (lambda: SDPOCoT(), 3e-3),
+    "stable-sdpo": (lambda: StableSDPO(), 3e-3),
+    "sdpo-ema": (lambda: SDPO({"teacher": "ema"}), 3e-3),
+    "sdpo-sampled-token": (lambda: SDPO({"divergence": "sampled_token"}), 1e-2),
+    "sdpo-full-forward-kl-live": (lambda: SDPO({"divergence": "full", "teacher": "live",
+                                                "alpha": 0.0}), 3e-3),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_variant_raises_the_toy_reward_over_the_untrained_control(warm_model, tmp_path,
+                                                                       variant):
+    task = LowercaseTask({"k": K})
+    control = greedy_reward(*warm_model, task)
+    assert control <= 0.1  # the warm student writes uppercase under the plain prompt
+    make, lr = VARIANTS[variant]
+    model, log, _ = _train(warm_model, tmp_path, make(), lr=lr)
+    assert greedy_reward(model, warm_model[1], task) >= control + 0.6
+    late = sum(r["reward_mean"] for r in log[-4:]) / 4
+    assert late >= log[0]["reward_mean"] + 0.5
+
+
+def test_flipped_loss_sign_does_not_learn(warm_model, tmp_path, monkeypatch):
+    original = SDPOObjective.loss
+
+    def flipped(self, batch, rows, trainer):
+        loss, stats = original(self, batch, rows, trainer)
+        return -loss, stats
+
+    monkeypatch.setattr(SDPOObjective, "loss", flipped)
+    model, log, _ = _train(warm_model, tmp_path, SDPO())
+    assert greedy_reward(model, warm_model[1], LowercaseTask({"k": K})) <= 0.1
+    assert max(r["reward_mean"] for r in log[-4:]) < 0.2
+
+
+# ---------------------------------------------------------------------------------------------
+# Logging, counters, schedule
+# ---------------------------------------------------------------------------------------------
+
+def test_step_records_counters_and_wall_time(tmp_path):
+    model, tok = tiny(seed=0)
+    log: list[dict] = []
+    report = StableSDPO({"lr": 1e-3}).train_stage(
+        toy_context(model, tok, tmp_path, steps=5, log=log))
+    assert log == report.steps and len(log) == 5
+    for key in ("loss", "reward_mean", "groups_with_signal", "supervised_token_fraction",
+                "teacher_kl", "grad_norm", "lr", "teacher_active_fraction", "seconds"):
+        assert all(key in r for r in log), key
+    assert all(0.0 <= r["supervised_token_fraction"] <= 1.0 for r in log)
+    for key in ("generated_tokens", "trained_tokens", "teacher_tokens"):
+        assert report.counters[key] > 0, key
+    # teacher prompts are the student prompts plus the templates: longer than generated text
+    assert report.counters["teacher_tokens"] > report.counters["generated_tokens"]
+    for phase in ("generate", "grade", "backward", "step", "teacher_forward"):
+        assert phase in report.wall_time, phase
+    # StableSDPO: 5 steps, refresh fraction 0.4 -> period 2 -> refreshes before steps 0, 2, 4
+    assert report.extra["teacher"]["refresh_steps"] == [0, 2, 4]
+    assert [r["teacher_refreshed"] for r in log] == [0.0, 1.0, 0.0, 1.0, 0.0]
+
+
+def test_same_seed_same_numbers(tmp_path):
+    runs = []
+    for _ in range(2):
+        model, tok = tiny(seed=0)
+        report = SDPO({"lr": 1e-3}).train_stage(toy_context(model, tok, tmp_path, steps=2))
+        runs.append([(r["loss"], r["grad_norm"], r["teacher_kl"]) for r in report.steps])
+    assert runs[0] == runs[1]
+
+
+class NeverRight(TaskSource):
+    """Every completion fails and the verifier says nothing: no demonstration, no feedback."""
+
+    name = "toy.never"
+    description = "Always reward 0, no feedback."
+    domain = "toy"
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        return [Example(f"{split}-{i}", [{"role": "user", "content": f"Say {i}."}], str(i), i)
+                for i in range(size)]
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return Grade(reward=0.0, correct=False)
+
+
+def test_rollouts_without_demonstration_or_feedback_get_no_loss(tmp_path):
+    model, tok = tiny(seed=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    report = SDPO({"lr": 1e-2}).train_stage(
+        toy_context(model, tok, tmp_path, steps=2, task=NeverRight()))
+    assert all(r["teacher_active_fraction"] == 0.0 for r in report.steps)
+    assert all(r["supervised_token_fraction"] == 0.0 and r["loss"] == 0.0 for r in report.steps)
+    assert report.counters["trained_tokens"] == 0 and report.counters["teacher_tokens"] == 0
+    # no gradient reached the model, so AdamW left every weight alone (no decay-only update)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_reference_solution_as_privileged_context(tmp_path):
+    model, tok = tiny(seed=0)
+    report = SDPO({"lr": 1e-3, "use_reference_solution": True}).train_stage(
+        toy_context(model, tok, tmp_path, steps=1, task=NeverRight()))
+    assert report.steps[0]["reference_demo_fraction"] == 1.0
+    assert report.steps[0]["teacher_active_fraction"] == 1.0
+    assert report.counters["trained_tokens"] > 0
+
+
+class LastLineTask(TaskSource):
+    """Answers start halfway through the completion: answer supervision covers about half."""
+
+    name = "toy.half"
+    description = "Reward 0 with feedback; answer starts at the middle of the text."
+    domain = "toy"
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        return [Example(f"{split}-{i}", [{"role": "user", "content": f"Say {i}."}], str(i), i)
+                for i in range(size)]
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return Grade(reward=0.0, correct=False, feedback="wrong")
+
+    def answer_start(self, completion: str) -> int:
+        return len(completion) // 2
+
+
+def test_answer_supervision_is_sparser_than_cot_and_mask_ratio_thins_it(tmp_path):
+    fractions = {}
+    for name, method in (("answer", SDPO({"lr": 1e-3})), ("all", SDPOCoT({"lr": 1e-3})),
+                         ("masked", SDPOCoT({"lr": 1e-3, "mask_ratio": 0.5}))):
+        model, tok = tiny(seed=0)
+        report = method.train_stage(toy_context(model, tok, tmp_path, steps=1,
+                                                max_new_tokens=16, task=LastLineTask()))
+        fractions[name] = report.steps[0]["supervised_token_fraction"]
+    assert fractions["all"] == 1.0
+    assert 0.3 < fractions["answer"] < 0.75
+    assert 0.25 < fractions["masked"] < 0.75
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs
+# ---------------------------------------------------------------------------------------------
+
+def test_variant_defaults():
+    sdpo, cot, stable = SDPO().config, SDPOCoT().config, StableSDPO().config
+    assert (sdpo.supervision, sdpo.teacher, sdpo.strip_demo_reasoning) == ("answer", "frozen", True)
+    assert (sdpo.divergence, sdpo.topk, sdpo.alpha, sdpo.is_clip) == ("topk", 100, 0.5, 2.0)
+    assert (sdpo.lr, sdpo.weight_decay, sdpo.max_grad_norm) == (1e-5, 0.01, 1.0)
+    assert (sdpo.ema_rate, sdpo.demo_threshold, sdpo.mask_ratio) == (0.05, 0.5, 0.0)
+    assert sdpo.use_feedback and not sdpo.use_reference_solution
+    assert (cot.supervision, cot.strip_demo_reasoning, cot.teacher) == ("all", False, "frozen")
+    assert (stable.teacher, stable.refresh_fraction, stable.supervision) == ("refresh", 0.4,
+                                                                             "answer")
+    assert (SDPO.name, SDPOCoT.name, StableSDPO.name) == ("sdpo", "sdpo-cot", "stable-sdpo")
+
+
+def test_every_config_field_is_documented():
+    for cls in (SDPOConfig, sdpo_module.SDPOCoTConfig, sdpo_module.StableSDPOConfig):
+        undocumented = [n for n, f in cls.model_fields.items() if not f.description]
+        assert not undocumented, (cls.__name__, undocumented)
+
+
+def test_invalid_config_values_name_the_field():
+    with pytest.raises(ValidationError, match="divergence"):
+        SDPO({"divergence": "kl"})
+    with pytest.raises(ValidationError, match="teacher"):
+        SDPO({"teacher": "stale"})
+    with pytest.raises(ValidationError, match="mask_ratio"):
+        SDPO({"mask_ratio": 1.5})
+    with pytest.raises(ValidationError, match="extra"):
+        SDPO({"learning_rate": 1e-5})
+
+
+def test_registered_through_entry_points():
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep.value for ep in entry_points(group="clbench.methods")}
+    assert found["sdpo"] == "clbench_methods.sdpo:SDPO"
+    assert found["sdpo-cot"] == "clbench_methods.sdpo:SDPOCoT"
+    assert found["stable-sdpo"] == "clbench_methods.sdpo:StableSDPO"
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded model
+# ---------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def embedded():
+    from clbench.models import EMBEDDED_MODEL, load_model
+
+    return load_model(EMBEDDED_MODEL, device="cpu", dtype="float32")
+
+
+@pytest.mark.embedded
+@pytest.mark.parametrize("method", ["sdpo", "sdpo-cot", "stable-sdpo"])
+def test_one_step_of_each_variant_on_the_embedded_model(embedded, method, tmp_path):
+    model, tok = embedded
+    cls = {"sdpo": SDPO, "sdpo-cot": SDPOCoT, "stable-sdpo": StableSDPO}[method]
+    before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    # the reference solution guarantees every rollout a teacher context, so the step has signal
+    report = cls({"lr": 1e-5, "use_reference_solution": True}).train_stage(
+        toy_context(model, tok, tmp_path, steps=1, prompts_per_step=2, samples_per_prompt=2,
+                    max_new_tokens=8))
+    step = report.steps[0]
+    assert torch.isfinite(torch.tensor(step["loss"])) and step["grad_norm"] > 0
+    assert step["teacher_active_fraction"] == 1.0 and report.counters["teacher_tokens"] > 0
+    assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
