@@ -123,6 +123,23 @@ def test_multibyte_characters_get_monotone_spans(bpe_tok):
     assert all(mask[i] for i in euro_tokens)
 
 
+@pytest.mark.parametrize("text", [
+    "<think>6*7 is 42</think>The answer is 42.",
+    "so the sum is 37\nAnswer: 37",
+    "cost \u20ac5: \u4e2d\u6587 caf\u00e9 37 " * 3,
+])
+def test_bisected_boundary_equals_the_exact_definition_for_every_answer_start(bpe_tok, char_tok,
+                                                                             text):
+    for tok in (bpe_tok, char_tok):
+        ids = _ids(tok, text)
+        decoded = tok.decode(ids, skip_special_tokens=True)
+        ends = sv.token_char_ends(tok, ids)
+        for a in range(len(decoded) + 1):
+            exact = sv.supervision_mask(decoded, ends, "answer", lambda t: a, closing_tokens=1)
+            fast = sv.completion_supervision(tok, decoded, ids, "answer", lambda t: a)
+            assert fast == exact, (tok, a)
+
+
 def test_monotone_ends_takes_the_minimum_to_the_right():
     assert sv.monotone_ends([1, 3, 2, 5, 4, 4]) == [1, 2, 2, 4, 4, 4]
 

@@ -61,6 +61,42 @@ def token_char_ends(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int]
     return monotone_ends([len(t) for t in texts])
 
 
+def first_answer_token(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int],
+                       answer_start: int, *, window: int = 8,
+                       skip_special_tokens: bool = True) -> int:
+    """Index of the first token with ``end_i > answer_start`` (``len(token_ids)`` if none).
+
+    Same result as scanning :func:`token_char_ends`, with O(log n + window) prefix decodes
+    instead of n: bisect on the raw prefix lengths, then apply the exact (monotone) definition in
+    a window around the boundary. Raw lengths only break monotonicity inside a multi-byte
+    character (at most 4 byte tokens), so a window of 8 tokens on each side is exact. Long
+    completions (thousands of tokens) need this: decoding every prefix is quadratic.
+    """
+    ids = list(token_ids)
+    n = len(ids)
+
+    def raw(i: int) -> int:
+        return len(tokenizer.decode(ids[:i + 1], skip_special_tokens=skip_special_tokens))
+
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if raw(mid) > answer_start:
+            hi = mid
+        else:
+            lo = mid + 1
+    start, stop = max(0, lo - window), min(n, lo + window + 1)
+    local = [len(t) for t in tokenizer.batch_decode(
+        [ids[:i + 1] for i in range(start, stop)], skip_special_tokens=skip_special_tokens)]
+    if stop < n:
+        local.append(raw(stop))  # stands in for min(raw[stop:]), monotone beyond the window
+    ends = monotone_ends(local)[:stop - start]
+    for offset, end in enumerate(ends):
+        if end > answer_start:
+            return start + offset
+    return stop
+
+
 def monotone_ends(raw_ends: Sequence[int]) -> list[int]:
     """Make span ends non-decreasing by taking, for each token, the min over it and later ones."""
     out = list(raw_ends)
@@ -102,16 +138,22 @@ def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
     `text` must be the completion text the grader saw (``decode(ids, skip_special_tokens=True)``,
     possibly cut at a stop string: tokens past the cut then count as ending after the answer).
     The special tokens at the end of `token_ids` (the tokenizer's ``all_special_ids``: EOS) are
-    the closing tokens, always supervised.
+    the closing tokens, always supervised. Uses :func:`first_answer_token` (logarithmic in the
+    completion length); the result equals :func:`supervision_mask` on :func:`token_char_ends`.
     """
     if mode == "all":
         return [True] * len(token_ids)
+    if mode != "answer":
+        raise ValueError(f"unknown supervision {mode!r}; expected one of "
+                         f"{', '.join(SUPERVISION_MODES)}")
     special = set(getattr(tokenizer, "all_special_ids", None) or [])
+    n = len(token_ids)
     closing = 0
-    while closing < len(token_ids) and token_ids[len(token_ids) - 1 - closing] in special:
+    while closing < n and token_ids[n - 1 - closing] in special:
         closing += 1
-    return supervision_mask(text, token_char_ends(tokenizer, token_ids), mode, answer_start,
-                            closing)
+    start = min(max(int(answer_start(text)), 0), len(text))
+    first = first_answer_token(tokenizer, token_ids, start) if n else 0
+    return [i >= first or i >= n - closing for i in range(n)]
 
 
 def random_token_mask(mask: torch.Tensor, mask_ratio: float,
