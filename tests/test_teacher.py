@@ -192,6 +192,29 @@ def test_ema_arithmetic_by_hand():
     assert teacher.model.weight.item() == pytest.approx(2.375)
 
 
+def test_ema_of_a_bf16_model_accumulates_in_fp32():
+    student = nn.Linear(1, 1, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        student.weight.fill_(1.0)
+    teacher = tm.TeacherWeights("ema", ema_rate=0.05)
+    teacher.start_stage(student, stage_steps=20)
+    with torch.no_grad():
+        student.weight.fill_(1.0078125)  # one bf16 ulp above 1
+    expected = 1.0
+    for _ in range(20):
+        teacher.after_optimizer_step()
+        expected = 0.95 * expected + 0.05 * 1.0078125
+    # a plain bf16 lerp adds 0.05 ulp per step, rounds it away and never leaves 1.0
+    assert teacher.shadow is not None
+    assert teacher.shadow[0].item() == pytest.approx(expected, abs=1e-6)
+    assert teacher.model.weight.item() == torch.tensor(expected).to(torch.bfloat16).item()
+    assert teacher.model.weight.item() > 1.0
+    restored = tm.TeacherWeights("ema", ema_rate=0.05)
+    restored.start_stage(student, 20)
+    restored.load_state_dict(teacher.state_dict())
+    assert restored.shadow[0].item() == teacher.shadow[0].item()
+
+
 def test_ema_rate_zero_is_frozen_and_one_follows_the_student():
     for rate, expected in ((0.0, 1.0), (1.0, 4.0)):
         student = nn.Linear(1, 1, bias=False)

@@ -20,7 +20,10 @@ continual run) in one of four modes:
 
 Every copy-based mode starts each stage from the student at stage start, as the reference does
 when each stage is its own training run. The copy holds parameters and buffers; EMA and refresh
-update floating-point parameters and copy buffers.
+update floating-point parameters and copy buffers. When the model is in a 16-bit dtype, the EMA
+is accumulated in an fp32 shadow of the teacher's parameters: in bf16 an increment of
+tau * (theta_S - theta_T) is usually below half a unit in the last place and would round away,
+leaving the "EMA" teacher frozen.
 """
 
 from __future__ import annotations
@@ -205,6 +208,7 @@ class TeacherWeights:
         self.refresh_fraction = refresh_fraction
         self.student: nn.Module | None = None
         self.copy: nn.Module | None = None
+        self.shadow: list[torch.Tensor] | None = None  # fp32 EMA accumulators (16-bit models)
         self.period: int | None = None
         self.refreshes = 0
 
@@ -221,10 +225,14 @@ class TeacherWeights:
         self.period = refresh_period(stage_steps, self.refresh_fraction) \
             if self.mode == "refresh" else None
         self.refreshes = 0
+        self.shadow = None
         if self.mode == "live":
             self.copy = None
             return
         self.copy = _frozen_copy(student)
+        if self.mode == "ema" and any(p.is_floating_point() and p.element_size() < 4
+                                      for p in self.copy.parameters()):
+            self.shadow = [p.detach().float().clone() for p in self.copy.parameters()]
 
     def before_step(self, step: int) -> bool:
         """Refresh mode: reset the teacher to the student before steps 0, K, 2K, ...
@@ -245,20 +253,25 @@ class TeacherWeights:
         if self.mode != "ema" or self.ema_rate == 0.0:
             return
         student = self._require_student()
-        for t, s in zip(self.copy.parameters(), student.parameters()):  # type: ignore[union-attr]
-            if t.is_floating_point():
-                t.lerp_(s.detach().to(t.dtype), self.ema_rate)
-            else:
+        params = zip(self.copy.parameters(), student.parameters())  # type: ignore[union-attr]
+        for i, (t, s) in enumerate(params):
+            if not t.is_floating_point():
                 t.copy_(s)
+            elif self.shadow is not None:
+                self.shadow[i].lerp_(s.detach().float(), self.ema_rate)
+                t.copy_(self.shadow[i])
+            else:
+                t.lerp_(s.detach().to(t.dtype), self.ema_rate)
 
     def state_dict(self) -> dict[str, Any]:
         """Mode, counters and (except in ``live`` mode) the teacher's weights, for checkpoints."""
         weights = None
         if self.copy is not None:
             weights = {k: v.detach().clone() for k, v in self.copy.state_dict().items()}
+        shadow = [t.clone() for t in self.shadow] if self.shadow is not None else None
         return {"mode": self.mode, "ema_rate": self.ema_rate,
                 "refresh_fraction": self.refresh_fraction, "period": self.period,
-                "refreshes": self.refreshes, "weights": weights}
+                "refreshes": self.refreshes, "weights": weights, "ema_shadow": shadow}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` into a teacher already attached with :meth:`start_stage`."""
@@ -273,6 +286,11 @@ class TeacherWeights:
         if self.copy is None:
             raise RuntimeError("call start_stage(student, steps) before load_state_dict")
         self.copy.load_state_dict(weights)
+        shadow = state.get("ema_shadow")
+        if shadow is not None:
+            self.shadow = [t.detach().float().clone() for t in shadow]
+        elif self.shadow is not None:
+            self.shadow = [p.detach().float().clone() for p in self.copy.parameters()]
 
     def _require_student(self) -> nn.Module:
         if self.student is None or self.copy is None:
