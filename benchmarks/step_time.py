@@ -1,0 +1,93 @@
+"""Seconds per optimizer step of each method on the embedded model (docs/methods.md's table).
+
+Every method trains the same stage from the same freshly loaded weights: the starter suite's math
+task (2-digit addition), 4 prompts x 4 samples x 48 new tokens per step. The first step is a
+warm-up (allocations, lazy imports) and is left out of the mean.
+
+    .venv/bin/python benchmarks/step_time.py                     # all five methods, 4 steps each
+    .venv/bin/python benchmarks/step_time.py --methods grpo --steps 3 --dtype float32 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from clbench.engine.api import StageContext
+from clbench.errors import UserError
+from clbench.models import load_model
+from clbench.registry import build_method, build_task
+from clbench.specs import Budget, MethodSpec, TaskSpec
+
+TASK = TaskSpec(source="math.arithmetic", params={"digits": 2, "operands": 2, "operators": "+"},
+                train_size=64)
+PHASES = ("generate", "grade", "score", "backward", "step")
+
+
+def measure(method_name: str, steps: int, dtype: str, seed: int) -> dict:
+    """Train `steps` steps of one method; per-step seconds and summed phase times."""
+    model, tokenizer = load_model("smollm2-135m", device="cpu", dtype=dtype)
+    task = build_task(TASK)
+    method = build_method(MethodSpec(name=method_name))
+    budget = Budget(steps=steps, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=48)
+    with tempfile.TemporaryDirectory() as work:
+        ctx = StageContext(model=model, tokenizer=tokenizer, task=task,
+                           train_examples=task.examples("train", TASK.seed, TASK.train_size),
+                           budget=budget, stage_index=1, stage_name="math", seed=seed,
+                           device=torch.device("cpu"), work_dir=Path(work))
+        started = time.perf_counter()
+        report = method.train_stage(ctx)
+        total = time.perf_counter() - started
+    per_step = [r["seconds"] for r in report.steps]
+    timed = per_step[1:] or per_step
+    return {"method": method_name, "dtype": str(model.dtype).replace("torch.", ""),
+            "seconds_per_step": statistics.mean(timed), "per_step": per_step,
+            "total_seconds": total, "wall_time": report.wall_time,
+            "generated_tokens_per_step": report.counters.get("generated_tokens", 0) / steps,
+            "teacher_tokens_per_step": report.counters.get("teacher_tokens", 0) / steps}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="sft,grpo,sdpo,sdpo-cot,stable-sdpo")
+    parser.add_argument("--steps", type=int, default=4, help="steps per method (first is warm-up)")
+    parser.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    for name in args.methods.split(","):
+        try:
+            rows.append(measure(name.strip(), args.steps, args.dtype, args.seed))
+        except UserError as exc:
+            rows.append({"method": name, "error": str(exc)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, 4 prompts x 4 samples x 48 tokens")
+    print("| method | dtype | s/step | " + " | ".join(PHASES) + " | teacher | gen tok/step |")
+    print("|---|---|---|" + "---|" * (len(PHASES) + 2))
+    for row in rows:
+        if "error" in row:
+            print(f"| {row['method']} | - | error: {row['error']} |")
+            continue
+        n = len(row["per_step"])
+        phases = " | ".join(f"{row['wall_time'].get(p, 0.0) / n:.2f}" for p in PHASES)
+        print(f"| {row['method']} | {row['dtype']} | {row['seconds_per_step']:.2f} | {phases} | "
+              f"{row['wall_time'].get('teacher', 0.0) / n:.2f} | "
+              f"{row['generated_tokens_per_step']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
