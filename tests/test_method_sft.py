@@ -84,3 +84,42 @@ def test_same_seed_same_losses_and_default_lr(tmp_path: Path) -> None:
     assert [r["loss"] for r in runs[0].steps] == [r["loss"] for r in runs[1].steps]
     assert runs[0].steps[0]["lr"] == pytest.approx(1e-5)
     assert set(runs[0].wall_time) == {"backward", "step"}
+
+
+# -- the optimizer helpers every method shares (clbench.engine.optim) ---------------------------
+
+def test_step_examples_visit_every_item_once_per_epoch_in_seeded_order() -> None:
+    from clbench.engine.optim import step_examples
+
+    items = list(range(10))
+    epoch = [x for step in range(5) for x in step_examples(items, 2, step, seed=0)]
+    assert sorted(epoch) == items and epoch != items
+    assert step_examples(items, 2, 3, seed=0) == step_examples(items, 2, 3, seed=0)
+    assert step_examples(items, 4, 2, seed=0)[2:] == step_examples(items, 2, 5, seed=0)
+    assert [step_examples(items, 2, s, seed=1) for s in range(5)] != [
+        step_examples(items, 2, s, seed=0) for s in range(5)]
+    with pytest.raises(ValueError, match="no training items"):
+        step_examples([], 2, 0, seed=0)
+
+
+def test_lr_schedules_by_hand() -> None:
+    from clbench.engine.optim import lr_factor
+
+    assert [lr_factor(s, 10, 2, "constant") for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    assert [lr_factor(s, 6, 2, "linear") for s in (2, 3, 5)] == [1.0, 0.75, 0.25]
+    assert lr_factor(2, 6, 2, "cosine") == pytest.approx(1.0)
+    assert lr_factor(4, 6, 2, "cosine") == pytest.approx(0.5)
+
+
+def test_weight_decay_spares_biases_and_norms_and_clipping_reports_the_raw_norm() -> None:
+    from clbench.engine.optim import OptimizerSettings, build_optimizer, clip_gradients
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    optimizer = build_optimizer(model, OptimizerSettings(weight_decay=0.1), lr=1e-3)
+    decays = {tuple(p.shape): g["weight_decay"] for g in optimizer.param_groups
+              for p in g["params"]}
+    assert decays == {(4, 3): 0.1, (4,): 0.0}
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 2.0)  # 12 + 4 + 4 + 4 entries of 2 -> norm 2 * sqrt(24)
+    assert clip_gradients(model, 1.0) == pytest.approx(2 * 24 ** 0.5)
+    assert clip_gradients(model, None) == pytest.approx(1.0, rel=1e-5)  # already clipped
