@@ -158,8 +158,9 @@ class Fact:
 
 
 _AMOUNTS = [0.1, 0.2, 0.25, 0.5, 0.75, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10, 12, 15, 20]
-_VALUES = [0.2, 0.25, 0.5, 0.75, 1.2, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 6, 7.5, 8, 9, 12, 15, 25,
-           40, 75, 120, 250, 500]
+_VALUES = [0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 0.8, 1.2, 1.25, 1.5, 1.8, 2, 2.4, 2.5, 3, 3.2,
+           3.5, 4, 4.5, 5, 6, 6.5, 7.5, 8, 9, 10, 12, 15, 18, 25, 30, 40, 45, 60, 75, 90, 120,
+           150, 250, 300, 500, 600]
 
 
 def _fam_symbol(r: random.Random) -> Fact:
@@ -239,16 +240,42 @@ def _fam_particles(r: random.Random) -> Fact:
                 f"{mant}e{int(exp)}", "number", 0.01)
 
 
+def _exact_decimal(value: Fraction) -> str:
+    """A terminating fraction as an exact plain decimal (unit factors are powers of ten)."""
+    sign, value = ("-" if value < 0 else ""), abs(value)
+    places = 0
+    while (value * 10 ** places).denominator != 1:
+        places += 1
+        if places > 40:
+            raise ValueError(f"{value} has no short exact decimal form")
+    digits = str((value * 10 ** places).numerator).rjust(places + 1, "0")
+    text = digits if places == 0 else f"{digits[:-places]}.{digits[-places:]}"
+    return sign + text
+
+
+@lru_cache(maxsize=1)
+def _unit_pairs() -> tuple[tuple[str, str, Fraction], ...]:
+    """(from, to, factor) for units of one quantity: ratios within 10^6 both ways and exact
+    decimal factors only (s -> h is 1/3600, which has no exact decimal answer)."""
+    pairs = []
+    for quantity, table in sorted(units().items()):
+        for src in sorted(table):
+            for dst in sorted(table):
+                factor = Fraction(str(table[src])) / Fraction(str(table[dst]))
+                terminating = 10**12 % factor.denominator == 0
+                if src != dst and terminating and Fraction(1, 10**6) <= factor <= 10**6:
+                    pairs.append((src, dst, factor))
+    return tuple(pairs)
+
+
 def _fam_unit_conversion(r: random.Random) -> Fact:
-    table = units()
-    quantity = r.choice(sorted(table))
-    src, dst = r.sample(sorted(table[quantity]), 2)
+    src, dst, factor = r.choice(_unit_pairs())
     value = Fraction(str(r.choice(_VALUES)))
-    factor = Fraction(str(table[quantity][src])) / Fraction(str(table[quantity][dst]))
     result = value * factor
-    return Fact(f"unit:{value}{src}>{dst}", f"Convert {format_number(value)} {src} to {dst}.",
-                f"1 {src} = {format_number(factor, 9)} {dst}, so {format_number(value)} {src} = "
-                f"{format_number(result, 9)} {dst}.", format_number(result, 9), "number", 1e-6)
+    shown = _exact_decimal(value)
+    return Fact(f"unit:{value}{src}>{dst}", f"Convert {shown} {src} to {dst}.",
+                f"1 {src} = {_exact_decimal(factor)} {dst}, so {shown} {src} = "
+                f"{_exact_decimal(result)} {dst}.", _exact_decimal(result), "number", 1e-6)
 
 
 FAMILIES: dict[str, Callable[[random.Random], Fact]] = {
