@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +227,39 @@ def test_science_graders_are_bounded(completion: str) -> None:
         grade = src.grade(ex, completion)
         assert time.perf_counter() - start < 1.0
         assert not grade.correct
+
+
+# ---------------------------------------------------------------------------------------------
+# The shipped suites (math, science and tool-use columns alike)
+# ---------------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("suite_file", ["smoke.yaml", "starter.yaml", "paper.yaml"])
+def test_shipped_suite_validates_with_its_plugins(suite_file: str) -> None:
+    from clbench.suites import load_suite, validate_suite_plugins
+
+    path = REPO / "suites" / suite_file
+    suite = load_suite(path)
+    validate_suite_plugins(suite, path)
+    assert suite.name == suite_file.removesuffix(".yaml")
+
+
+@pytest.mark.parametrize("suite_file", ["smoke.yaml", "starter.yaml"])
+def test_offline_suite_columns_can_draw_their_items(suite_file: str) -> None:
+    """Every column draws its train and eval sizes without running out of distinct items."""
+    from clbench.registry import build_task
+    from clbench.suites import load_suite
+
+    suite = load_suite(REPO / "suites" / suite_file)
+    for stage in suite.stages:
+        task = build_task(stage.task)
+        train = task.examples("train", stage.task.seed, stage.task.train_size)
+        evals = task.examples("eval", stage.task.seed,
+                              stage.task.eval_size or suite.protocol.eval_size)
+        assert not {e.id for e in train} & {e.id for e in evals}
+    for probe in suite.probes:
+        if probe.task is not None:
+            size = probe.task.eval_size or suite.protocol.eval_size
+            assert len(build_task(probe.task).examples("eval", probe.task.seed, size)) == size
