@@ -147,25 +147,23 @@ class HubSource(TaskSource):
     def items(self, split: Split) -> list[HubItem]:
         """All usable items of `split`, in record order, duplicates (same key) dropped."""
         p = self.params
-        if isinstance(p.data_files, dict):
-            groups = [(self._records(split), None)]
-        elif self.split_policy == "native":
-            groups = [(self._records(split), None)]
-        else:
-            groups = [(self._records("source"), self.split_policy)]
+        # Per-split files and native splits give the split directly; otherwise one source split
+        # is divided by the policy.
+        per_split = isinstance(p.data_files, dict) or self.split_policy == "native"
+        records = self._records(split if per_split else "source")
+        policy = None if per_split else self.split_policy
         out: list[HubItem] = []
         seen: set[str] = set()
-        for records, policy in groups:
-            for record in records:
-                item = self.to_item(record)
-                if item is None or item.key in seen:
-                    continue
-                if policy == "eval_only" and split != "eval":
-                    continue
-                if policy == "hash" and split_of(item.key, p.eval_fraction) != split:
-                    continue
-                seen.add(item.key)
-                out.append(item)
+        for record in records:
+            item = self.to_item(record)
+            if item is None or item.key in seen:
+                continue
+            if policy == "eval_only" and split != "eval":
+                continue
+            if policy == "hash" and split_of(item.key, p.eval_fraction) != split:
+                continue
+            seen.add(item.key)
+            out.append(item)
         return out
 
     def build(self, split: Split, seed: int, size: int) -> list[Example]:

@@ -308,7 +308,10 @@ class FactParams(TaskParams):
     reveal_answer_in_feedback: bool = Field(default=False, description="Let the grader's "
                                             "feedback state the gold answer.")
 
-    _families = field_validator("families")(classmethod(lambda cls, v: _check_families(v)))
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, v: list[str]) -> list[str]:
+        return _check_families(v)
 
 
 class _FactSource(TaskSource):
