@@ -89,7 +89,25 @@ def test_dapo_prompt_loses_its_answer_line_instruction() -> None:
     text = ex.messages[-1]["content"]
     assert text.startswith("Find the sum of all integers")
     assert "Answer:" not in text and text.endswith("\\boxed{}.")
-    assert ex.id.startswith("math.dapo17k:9a1c")   # keyed by the dataset's own index
+    assert ex.metadata["index"].startswith("9a1c")
+
+
+def test_dapo_repeated_prompts_count_once(tmp_path) -> None:
+    import json
+
+    lines = (FIXTURES / "dapo_math_17k.jsonl").read_text().splitlines()
+    repeated = []
+    for copy in range(3):                    # the release repeats prompts under new indices
+        for line in lines:
+            record = json.loads(line)
+            record["extra_info"]["index"] += f"-{copy}"
+            repeated.append(json.dumps(record))
+    path = tmp_path / "dapo_repeated.jsonl"
+    path.write_text("\n".join(repeated) + "\n")
+    src = DAPOMath({"data_files": str(path)})
+    once = DAPOMath({"data_files": fx("dapo_math_17k.jsonl")})
+    assert len(src.items("train")) == len(once.items("train"))
+    assert len(src.items("eval")) == len(once.items("eval"))
 
 
 def test_aime24_reads_the_answer_from_the_boxed_solution() -> None:

@@ -368,8 +368,10 @@ class DAPOMath(HubMath):
         question = _DAPO_SUFFIX.sub("", _DAPO_PREFIX.sub("", text)).strip()
         answer = str(record["reward_model"]["ground_truth"]).strip()
         index = (record.get("extra_info") or {}).get("index")
-        return HubItem(key=str(index or _hash(question)), question=question, answer=answer,
-                       reference=f"\\boxed{{{answer}}}")
+        # Keyed by the problem text: the release repeats each prompt many times under
+        # different indices, and repeats must fall in one split and count once.
+        return HubItem(key=_hash(question), question=question, answer=answer,
+                       reference=f"\\boxed{{{answer}}}", metadata={"index": index})
 
 
 class AIME24(HubMath):
