@@ -8,6 +8,7 @@ status 2; `clbench --debug ...` re-raises it to show the traceback.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -347,14 +348,8 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     print_plan(console, run, config.model_dump(mode="json"))
     if plan_only:
         return
-    try:
-        from clbench import protocol
-    except ModuleNotFoundError as exc:
-        if exc.name != "clbench.protocol":
-            raise
-        console.print("[yellow]The plan is valid, but execution is not available in this "
-                      "build of clbench (clbench.protocol is missing).[/]")
-        return
+    # Imported here so that listing, validating and planning stay quick (no torch import).
+    protocol = importlib.import_module("clbench.protocol")
     protocol.execute(run, resume=resume, console=console)
 
 
@@ -415,12 +410,12 @@ def report_command(run_dirs: tuple[str, ...], as_json: bool) -> None:
       clbench report runs/starter
       clbench report runs/starter/sdpo/s0 --json
     """
-    from clbench import protocol
+    from clbench import reporting
 
     console = stdout_console()
     if as_json:
         console = Console(file=sys.stdout, highlight=False, soft_wrap=True, color_system=None)
-    protocol.report(list(run_dirs), as_json=as_json, console=console)
+    reporting.report(list(run_dirs), as_json=as_json, console=console)
 
 
 @cli.command("export-lm-eval")

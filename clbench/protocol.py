@@ -15,7 +15,7 @@ so a run killed at any moment resumes from the last row on disk. Every stage re-
 from (run seed, stage index), so a resumed run draws exactly the numbers an uninterrupted run
 draws and, on CPU, ends with a bit-identical R.
 
-`sweep` (a grid of methods x seeds) and `report` (tables from results on disk) close the module.
+`sweep` (a grid of methods x seeds) closes the module; tables live in :mod:`clbench.reporting`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from clbench.errors import UserError
 from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, records_path, \
     write_records
 from clbench.metrics.continual import compute_metrics
+from clbench.reporting import collect_results, comparison, print_comparison, print_summary
 from clbench.results import (
     RESULTS_FILENAME,
     Cell,
@@ -254,18 +255,18 @@ def to_cells(cells: Sequence[CellResult]) -> list[Cell | None]:
 
 
 def fill_metrics(result: RunResult, run: RunSpec) -> None:
-    """Compute the protocol's metrics from R; per-stage values go in as `name_t` entries."""
+    """Compute the protocol's metrics from R (with per-stage values and undefined-notes)."""
     matrix = [[np.nan if v is None else v for v in row] for row in result.score_matrix()]
     columns = [c.model_dump() for c in result.columns]
     computed = compute_metrics(np.array(matrix, dtype=float), columns, run.suite.protocol)
     metrics: dict[str, MetricValue] = {}
     for name, entry in computed.items():
-        hib = name not in LOWER_IS_BETTER
-        metrics[name] = MetricValue(value=entry["value"], variant=entry["variant"],
-                                    higher_is_better=hib)
-        for t, v in enumerate(entry.get("per_stage") or [], start=1):
-            metrics[f"{name}_{t}"] = MetricValue(value=v, variant=entry["variant"],
-                                                 higher_is_better=hib)
+        per_stage = entry.get("per_stage")
+        metrics[name] = MetricValue(
+            value=entry["value"], variant=entry["variant"], note=entry.get("note"),
+            higher_is_better=name not in LOWER_IS_BETTER,
+            per_stage=None if per_stage is None else
+            [None if v is None else float(v) for v in per_stage])
         if entry["value"] is None:
             log.info("metric %s undefined: %s", name, entry.get("note"))
     result.metrics = metrics
@@ -434,122 +435,6 @@ def _account(result: RunResult, elapsed: float, device: torch.device) -> None:
     else:
         peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
     result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Summaries: one run, many runs
-# ---------------------------------------------------------------------------------------------
-
-SUMMARY_METRICS = ("acc", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta",
-                   "aia", "intransigence")
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def matrix_table(result: RunResult) -> Any:
-    """R as a rich table: rows = base and after each stage, columns = tasks then probes."""
-    from rich.table import Table
-
-    table = Table(title=f"R: {result.suite.get('name')} / {result.method.name} / seed "
-                        f"{result.seed} ({result.status})")
-    table.add_column("after", style="bold")
-    for c in result.columns:
-        table.add_column(f"{c.name}\n[dim]{c.kind}[/]", justify="right")
-    for label, row in zip(result.row_labels, result.matrix):
-        table.add_row(label, *[("—" if c is None else f"{c.score:.3f} [dim](n={c.n})[/]")
-                               for c in row])
-    return table
-
-
-def print_summary(console: Console, result: RunResult) -> None:
-    """The matrix, then the headline metrics with their variants."""
-    from rich.table import Table
-
-    console.print(matrix_table(result))
-    if not result.metrics:
-        return
-    table = Table(title="metrics (single run: n = 1)")
-    for col in ("metric", "value", "variant"):
-        table.add_column(col)
-    for name in SUMMARY_METRICS:
-        if name in result.metrics:
-            m = result.metrics[name]
-            arrow = "↑" if m.higher_is_better else "↓"
-            table.add_row(f"{name} {arrow}", _fmt(m.value), m.variant or "")
-    console.print(table)
-
-
-def collect_results(run_dirs: Sequence[str | Path]) -> list[tuple[Path, RunResult]]:
-    """Results of every run dir (a dir holding results.json, or a folder of such dirs)."""
-    found: list[tuple[Path, RunResult]] = []
-    for d in run_dirs:
-        d = Path(d)
-        files = [d / RESULTS_FILENAME] if (d / RESULTS_FILENAME).is_file() else \
-            sorted(d.rglob(RESULTS_FILENAME))
-        if not files:
-            raise UserError(f"{d}: no {RESULTS_FILENAME} found (is this a run directory?)")
-        found += [(f.parent, read_results(f)) for f in files]
-    return found
-
-
-def comparison(results: Sequence[RunResult]) -> dict[str, Any]:
-    """Mean ± std over seeds of every headline metric, per (suite, method)."""
-    from clbench.metrics.aggregate import aggregate_over_seeds
-
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in results:
-        if r.status != "complete":
-            continue
-        key = f"{r.suite.get('name')}:{r.suite_hash[:15]}"
-        groups.setdefault(key, []).append({
-            "method": r.method.name, "seed": r.seed,
-            "metrics": {k: {"value": v.value} for k, v in r.metrics.items()}})
-    return {suite: {method: {name: s.as_dict() for name, s in metrics.items()}
-                    for method, metrics in aggregate_over_seeds(runs).items()}
-            for suite, runs in groups.items()}
-
-
-def print_comparison(console: Console, table_data: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    from clbench.metrics.aggregate import SeedSummary
-
-    for suite, methods in table_data.items():
-        names = [m for m in SUMMARY_METRICS if any(m in v for v in methods.values())]
-        table = Table(title=f"{suite.split(':')[0]}: mean ± std over seeds (n = seeds)")
-        table.add_column("method", style="bold")
-        for n in names:
-            table.add_column(n, justify="right")
-        for method, metrics in sorted(methods.items()):
-            table.add_row(method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
-                                    for n in names])
-        console.print(table)
-
-
-def report(run_dirs: Sequence[str | Path], as_json: bool = False,
-           console: Console | None = None) -> dict[str, Any]:
-    """Print each run's matrix and metrics and the comparison over seeds (or JSON)."""
-    console = console or Console()
-    found = collect_results(run_dirs)
-    data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
-                      "seed": r.seed, "status": r.status, "row_labels": r.row_labels,
-                      "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
-                      "metrics": {k: v.value for k, v in r.metrics.items()}}
-                     for d, r in found],
-            "comparison": comparison([r for _, r in found])}
-    if as_json:
-        console.print_json(json.dumps(data))
-        return data
-    for _, r in found:
-        print_summary(console, r)
-    incomplete = [str(d) for d, r in found if r.status != "complete"]
-    if incomplete:
-        console.print(f"[yellow]not complete (left out of the comparison): "
-                      f"{', '.join(incomplete)}[/]")
-    print_comparison(console, data["comparison"])
-    return data
 
 
 def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,

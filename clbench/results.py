@@ -108,6 +108,9 @@ class MetricValue(Record):
     value: float | None
     variant: str | None = Field(default=None, description="Which published definition.")
     higher_is_better: bool = True
+    note: str | None = Field(default=None, description="Why the value is undefined, if it is.")
+    per_stage: list[float | None] | None = Field(default=None, description="Value after each "
+                                                 "stage, for metrics defined per stage (OP).")
 
 
 class StageRecord(Record):

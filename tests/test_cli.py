@@ -154,13 +154,6 @@ def test_run_calls_the_protocol(write_suite, fake_plugins, monkeypatch, tmp_path
     assert (run.out_dir, run.model.name, run.device) == (str(out), "tiny-llama", "cpu")
 
 
-def test_run_without_protocol_prints_plan_only(write_suite, fake_plugins, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "clbench.protocol", None)  # import fails as if missing
-    result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
-    assert result.exit_code == 0
-    assert "execution is not available" in result.output
-
-
 @pytest.mark.parametrize(("args", "fragments"), [
     (["--suite", "no-such-suite", "--method", "fake-method"], ["unknown suite 'no-such-suite'"]),
     (["--method", "fake-methd"], ["unknown method 'fake-methd'. Did you mean 'fake-method'?"]),

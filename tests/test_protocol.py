@@ -230,7 +230,8 @@ def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
 
 
 def test_sweep_skips_complete_runs_and_report_aggregates(tmp_path: Path) -> None:
-    from clbench.protocol import report, sweep
+    from clbench.protocol import sweep
+    from clbench.reporting import report
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     root = tmp_path / "grid"
@@ -259,7 +260,7 @@ def test_report_command_on_a_finished_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--out", str(out),
                     "--device", "cpu"]).exit_code == 0
-    from clbench.protocol import report
+    from clbench.reporting import report
     from rich.console import Console
 
     console = Console(record=True, width=200)
