@@ -292,15 +292,21 @@ def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "no results.json" in missing.output
 
 
-@pytest.mark.slow
-def test_smoke_suite_with_a_real_method_through_the_cli(tmp_path: Path) -> None:
+METHOD_LOGS = {"sft": "loss", "grpo": "groups_with_signal", "sdpo": "teacher_kl",
+               "sdpo-cot": "teacher_kl", "stable-sdpo": "teacher_kl"}
+
+
+@pytest.mark.parametrize("method", sorted(METHOD_LOGS))
+def test_smoke_suite_with_each_builtin_method_through_the_cli(tmp_path: Path, method: str) -> None:
     from clbench.cli import cli
 
     out = tmp_path / "smoke"
-    res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--out",
+    res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", method, "--out",
                                    str(out), "--device", "cpu"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     result = read_results(out / "results.json")
     assert result.status == "complete" and len(result.matrix) == 3
     assert set(result.metrics) >= {"acc", "la", "bwt", "fwt", "forgetting", "ood_delta"}
-    assert all(st.summary for st in result.stages)
+    for stage in result.stages:
+        assert METHOD_LOGS[method] in stage.summary, sorted(stage.summary)
+        assert stage.counters.get("trained_tokens", 0) > 0
