@@ -319,8 +319,6 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
 
 def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[str, Any],
              previous: RunResult | None, console: Console) -> RunResult:
-    import torch
-
     from clbench.engine.api import StageContext
     from clbench.models import load_model, resolve_device
 

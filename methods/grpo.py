@@ -16,13 +16,12 @@ from typing import ClassVar
 import torch
 from pydantic import Field
 
-from clbench.engine.api import Method, StageContext, StageReport
 from clbench.engine.losses import clipped_surrogate, group_advantages, kl_to_reference, token_mean
-from clbench.engine.onpolicy import Objective, OnPolicyTrainer, RolloutBatch
-from clbench.engine.optim import OptimizerSettings
+from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings, OnPolicyTrainer,
+                                     RolloutBatch)
 
 
-class GRPOConfig(OptimizerSettings):
+class GRPOConfig(OnPolicySettings):
     """GRPO settings. Defaults follow the paper's reference baseline."""
 
     lr: float = Field(default=1e-6, gt=0.0, description="Peak learning rate (reference: 1e-6; "
@@ -39,13 +38,6 @@ class GRPOConfig(OptimizerSettings):
     beta: float = Field(default=0.0, ge=0.0, description="Weight of the KL penalty to the model "
                         "as it was at the start of the stage (k3 estimator); 0 disables it and "
                         "skips the reference model.")
-    inner_updates: int = Field(default=1, ge=1, description="Optimizer steps per generated batch; "
-                               "1 makes the ratio exactly 1 at every update.")
-    micro_batch_size: int | None = Field(default=None, ge=1, description="Rollouts per forward/"
-                                         "backward pass (gradient accumulation); all at once "
-                                         "when unset.")
-    stop: list[str] = Field(default_factory=list, description="Extra stop strings for the "
-                            "training rollouts (EOS always stops).")
 
 
 class GRPOObjective(Objective):
@@ -100,7 +92,7 @@ class GRPOObjective(Objective):
         return int(batch.completion_mask.sum())
 
 
-class GRPO(Method):
+class GRPO(OnPolicyMethod):
     """Group-relative policy optimisation with a clipped surrogate (the paper's baseline)."""
 
     name: ClassVar[str] = "grpo"
@@ -109,8 +101,5 @@ class GRPO(Method):
     Config: ClassVar[type[GRPOConfig]] = GRPOConfig
     config: GRPOConfig
 
-    def train_stage(self, ctx: StageContext) -> StageReport:
-        cfg = self.config
-        trainer = OnPolicyTrainer(ctx, GRPOObjective(cfg), cfg, inner_updates=cfg.inner_updates,
-                                  micro_batch_size=cfg.micro_batch_size, stop=tuple(cfg.stop))
-        return trainer.run()
+    def make_objective(self) -> GRPOObjective:
+        return GRPOObjective(self.config)

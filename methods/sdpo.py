@@ -28,28 +28,23 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 
-from clbench.engine.api import Method, StageContext, StageReport
+from clbench.engine.api import StageReport
 from clbench.engine.logprobs import completion_distributions, completion_logprobs
 from clbench.engine.losses import (distillation_per_token, importance_weight,
                                    topk_logprob_divergence, token_mean)
-from clbench.engine.onpolicy import Objective, OnPolicyTrainer, RolloutBatch, pad_to
-from clbench.engine.optim import OptimizerSettings
+from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings, OnPolicyTrainer,
+                                     RolloutBatch, pad_to)
 from clbench.engine.rollout import encode_chat
 from clbench.engine.supervision import completion_supervision, random_token_mask
 from clbench.engine.teacher import TeacherWeights, plan_teacher_contexts
 from clbench.tasks.base import seeded_rng
 
 
-class SDPOConfig(OptimizerSettings):
+class SDPOConfig(OnPolicySettings):
     """SDPO settings. Defaults follow the reference (lasgroup/SDPO) and the paper's SDPO_0."""
 
     lr: float = Field(default=1e-5, gt=0.0, description="Peak learning rate (reference: 1e-5). "
                       "A stage budget's `lr` overrides it.")
-    weight_decay: float = Field(default=0.01, ge=0.0, description="AdamW decoupled weight decay "
-                                "(not applied to biases and norm weights).")
-    max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Clip the global "
-                                        "gradient norm to this value (`grad_clip`); null "
-                                        "disables clipping.")
     divergence: Literal["sampled_token", "topk", "full"] = Field(
         default="topk", description="Per-token divergence: `topk` (student's top-k tokens plus a "
         "tail bucket, generalised JSD; the reference), `full` (whole vocabulary) or "
@@ -87,13 +82,6 @@ class SDPOConfig(OptimizerSettings):
         "(chain of thought included).")
     mask_ratio: float = Field(default=0.0, ge=0.0, le=1.0, description="Drop each supervised "
                               "token at random with this probability (supervision density).")
-    inner_updates: int = Field(default=1, ge=1, description="Optimizer steps per generated "
-                               "batch; 1 makes the importance weight exactly 1.")
-    micro_batch_size: int | None = Field(default=None, ge=1, description="Rollouts per forward/"
-                                         "backward pass (gradient accumulation); all at once "
-                                         "when unset.")
-    stop: list[str] = Field(default_factory=list, description="Extra stop strings for the "
-                            "training rollouts (EOS always stops).")
 
 
 class SDPOCoTConfig(SDPOConfig):
@@ -259,7 +247,7 @@ class SDPOObjective(Objective):
         return int(batch.extra["normalizer"])
 
 
-class SDPO(Method):
+class SDPO(OnPolicyMethod):
     """Self-distillation policy optimisation (the paper's SDPO_0 by default)."""
 
     name: ClassVar[str] = "sdpo"
@@ -268,11 +256,8 @@ class SDPO(Method):
     Config: ClassVar[type[SDPOConfig]] = SDPOConfig
     config: SDPOConfig
 
-    def train_stage(self, ctx: StageContext) -> StageReport:
-        cfg = self.config
-        trainer = OnPolicyTrainer(ctx, SDPOObjective(cfg), cfg, inner_updates=cfg.inner_updates,
-                                  micro_batch_size=cfg.micro_batch_size, stop=tuple(cfg.stop))
-        return trainer.run()
+    def make_objective(self) -> SDPOObjective:
+        return SDPOObjective(self.config)
 
 
 class SDPOCoT(SDPO):

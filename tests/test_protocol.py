@@ -12,7 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch

@@ -18,7 +18,6 @@ from clbench.results import (
     RunResult,
     StageRecord,
     collect_versions,
-    columns_for_suite,
     git_revision,
     new_result,
     read_results,

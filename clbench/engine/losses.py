@@ -23,7 +23,6 @@ import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 
 Divergence = Literal["sampled_token", "topk", "full"]
 DIVERGENCES: tuple[str, ...] = ("sampled_token", "topk", "full")

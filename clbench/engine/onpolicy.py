@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from clbench.engine.api import StageReport
+from pydantic import Field
+
+from clbench.engine.api import Method, StageReport
 from clbench.engine.logprobs import TokenLogprobs, completion_logprobs, pack_batch
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
                                   build_scheduler, clip_gradients, stage_lr, step_examples)
@@ -32,6 +34,18 @@ from clbench.tasks.base import Example, Grade
 
 if TYPE_CHECKING:
     from clbench.engine.api import StageContext
+
+
+class OnPolicySettings(OptimizerSettings):
+    """Fields every on-policy method shares: how batches are reused, split and stopped."""
+
+    inner_updates: int = Field(default=1, ge=1, description="Optimizer steps per generated "
+                               "batch; 1 makes the probability ratio exactly 1 at every update.")
+    micro_batch_size: int | None = Field(default=None, ge=1, description="Rollouts per forward/"
+                                         "backward pass (gradient accumulation); all at once "
+                                         "when unset.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings for the "
+                            "training rollouts (EOS always stops).")
 
 
 @dataclass
@@ -259,3 +273,20 @@ def batch_summary(batch: RolloutBatch) -> dict[str, float]:
 def _mix(seed: int, step: int) -> int:
     """A sampling seed per (run seed, step); different steps never share a seed."""
     return (seed * 2_654_435_761 + step * 40_503 + 1) % (2**31 - 1)
+
+
+class OnPolicyMethod(Method):
+    """A method made of the shared on-policy loop plus an objective (GRPO, the SDPO family)."""
+
+    config: OnPolicySettings
+
+    @abstractmethod
+    def make_objective(self) -> Objective:
+        """A fresh objective for one stage."""
+
+    def train_stage(self, ctx: StageContext) -> StageReport:
+        cfg = self.config
+        trainer = OnPolicyTrainer(ctx, self.make_objective(), cfg,
+                                  inner_updates=cfg.inner_updates,
+                                  micro_batch_size=cfg.micro_batch_size, stop=tuple(cfg.stop))
+        return trainer.run()
