@@ -310,3 +310,14 @@ def test_smoke_suite_with_each_builtin_method_through_the_cli(tmp_path: Path, me
     for stage in result.stages:
         assert METHOD_LOGS[method] in stage.summary, sorted(stage.summary)
         assert stage.counters.get("trained_tokens", 0) > 0
+
+
+def test_diagnostics_not_yet_available_are_refused_not_silently_skipped(tmp_path: Path) -> None:
+    from clbench.cli import cli
+
+    res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--out",
+                                   str(tmp_path / "r"), "--set",
+                                   "protocol.diagnostics=[weight_drift]"])
+    assert res.exit_code == 2
+    assert "diagnostics are not available" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "r" / "results.json").exists()
