@@ -10,6 +10,8 @@ seeded selection, and clear errors when a dataset cannot be reached.
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,13 +125,13 @@ class HubSource(TaskSource):
 
     params: HubParams
 
+    @abstractmethod
     def to_item(self, record: dict[str, Any]) -> HubItem | None:
         """Turn one record into an item; None skips it (e.g. another level or type)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def messages(self, item: HubItem) -> Messages:
         """The chat prompt of one item."""
-        raise NotImplementedError
 
     # -----------------------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ Hub adapters: `openai/gsm8k`, `HuggingFaceH4/MATH-500`, `BytedTsinghua-SIA/DAPO-
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import random
 import re
 from dataclasses import dataclass
@@ -84,9 +86,9 @@ class ProceduralMath(TaskSource):
     domain = "math"
     params: Any
 
+    @abstractmethod
     def generate(self, rng: random.Random) -> Problem:
         """One random problem of this family under `self.params`."""
-        raise NotImplementedError
 
     def demo(self) -> Problem:
         """The worked example shown before every question (same for all items)."""
