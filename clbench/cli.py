@@ -213,8 +213,9 @@ def tasks_group() -> None:
 @click.option("--n", "n", type=click.IntRange(min=1), default=3, show_default=True,
               help="Number of items to show.")
 @click.option("--seed", type=int, default=1234, show_default=True, help="Data seed.")
-@click.option("--split", type=click.Choice(["train", "eval"]), default="train",
-              show_default=True, help="Which split to draw from.")
+@click.option("--split", type=click.Choice(["train", "eval"]), default="eval",
+              show_default=True, help="Which split to draw from (every source has an eval "
+              "split; evaluation-only sources, such as BFCL and AIME, have no train split).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="A task parameter, e.g. --set level=2 (repeatable).")
 def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str, ...]) -> None:

@@ -187,3 +187,12 @@ def test_ctrl_c_exits_130_without_traceback(write_suite, fake_plugins, monkeypat
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
     assert result.exit_code == 130
     assert result.stderr == "interrupted\n" and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("source", ["tool_use.bfcl_simple", "math.arithmetic", "science.facts",
+                                    "tool_use.generated"])
+def test_tasks_show_works_offline_for_shipped_sources(source: str) -> None:
+    # Evaluation-only sources (BFCL) have no train split, so the default split is `eval`.
+    result = invoke("tasks", "show", source, "--n", "1")
+    assert result.exit_code == 0, result.output
+    assert "grade of the reference: reward 1.000, correct True" in result.output
