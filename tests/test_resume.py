@@ -85,3 +85,36 @@ def test_resume_of_a_complete_run_reprints_without_training(tmp_path: Path) -> N
     res = run_cli(args + ["--resume"])
     assert res.exit_code == 0 and "already complete" in " ".join(res.output.split())
     assert (tmp_path / "r" / "results.json").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_stage_keeps_completed_stages_and_exits_130(tmp_path: Path) -> None:
+    from test_protocol import PAUSE_ENV, SUITE, run_cli, write_suite
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
+    out = tmp_path / "interrupted"
+    common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
+              "--device", "cpu", "--out", str(out)]
+    marker = tmp_path / "paused"
+    env = dict(os.environ, **{PAUSE_ENV: "2:1", PAUSE_ENV + "_MARKER": str(marker)})
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), *common],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            if child.poll() is not None:
+                pytest.fail(f"the child ended early:\n{child.stdout.read().decode()}")
+            assert time.monotonic() < deadline, "the child never reached stage 2"
+            time.sleep(0.2)
+        os.kill(child.pid, signal.SIGINT)
+        output = child.communicate(timeout=120)[0].decode()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 130, output
+    assert "Traceback" not in output and "interrupted" in output.lower()
+    partial = read_results(out / "results.json")
+    assert partial.status == "partial" and len(partial.matrix) == 2  # base + stage 1 kept
+    resumed = run_cli(common + ["--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert read_results(out / "results.json").status == "complete"
