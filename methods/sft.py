@@ -17,7 +17,7 @@ from pydantic import Field
 from clbench.engine.api import Method, StageContext, StageReport
 from clbench.engine.losses import token_mean
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
-                                  build_scheduler, clip_gradients, stage_lr, step_examples)
+                                  build_scheduler, optimizer_step, stage_lr, step_examples)
 from clbench.engine.rollout import encode_chat
 from clbench.engine.logprobs import completion_logprobs
 
@@ -78,11 +78,8 @@ class SFT(Method):
                     loss.backward()
                     total += float(loss.detach())
             with clock.phase("step"):
-                grad_norm = clip_gradients(model, cfg.max_grad_norm)
-                current_lr = optimizer.param_groups[0]["lr"]
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
+                grad_norm, current_lr = optimizer_step(model, optimizer, scheduler,
+                                                       cfg.max_grad_norm)
             model.eval()
             counters.add("trained_tokens", normalizer)
             counters.add("prompts", len(pairs))

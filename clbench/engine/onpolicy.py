@@ -28,7 +28,7 @@ from pydantic import Field
 from clbench.engine.api import Method, StageReport
 from clbench.engine.logprobs import TokenLogprobs, completion_logprobs, pack_batch
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
-                                  build_scheduler, clip_gradients, stage_lr, step_examples)
+                                  build_scheduler, optimizer_step, stage_lr, step_examples)
 from clbench.engine.rollout import Generator, HFGenerator, Rollout, SamplingParams
 from clbench.tasks.base import Example, Grade
 
@@ -220,11 +220,8 @@ class OnPolicyTrainer:
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         with self.clock.phase("step"):
-            grad_norm = clip_gradients(self.model, self.settings.max_grad_norm)
-            lr = self.optimizer.param_groups[0]["lr"]
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler,
+                                           self.settings.max_grad_norm)
         self.model.eval()
         self.counters.add("trained_tokens", self.objective.supervised_tokens(batch))
         self.counters.add("optimizer_steps", 1)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import Field
 
@@ -104,6 +104,17 @@ def clip_gradients(model: torch.nn.Module, max_norm: float | None) -> float:
         norms = torch.stack([p.grad.detach().float().norm() for p in params])
         return float(norms.norm())
     return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                   max_grad_norm: float | None) -> tuple[float, float]:
+    """Clip, step the optimizer and the schedule, clear gradients; return (grad norm, lr used)."""
+    grad_norm = clip_gradients(model, max_grad_norm)
+    lr = optimizer.param_groups[0]["lr"]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm, lr
 
 
 def step_examples(items: Sequence[T], per_step: int, step: int, seed: int) -> list[T]:
