@@ -8,6 +8,7 @@ removes the temporary file and leaves the target untouched.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -35,10 +36,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         os.replace(tmp_name, target)
     except BaseException:
         # Also on KeyboardInterrupt: never leave a stray temporary file behind.
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
         raise
     _fsync_dir(target.parent)
     return target
@@ -66,8 +65,7 @@ def _fsync_dir(folder: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # best effort, as above
+            os.fsync(fd)
     finally:
         os.close(fd)

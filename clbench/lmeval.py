@@ -51,11 +51,11 @@ class _Tagged:
 
 
 class _Loader(yaml.SafeLoader):
-    pass
+    """Safe loader that keeps tags such as lm-eval's `!function` as opaque values (never run)."""
 
 
 class _Dumper(yaml.SafeDumper):
-    pass
+    """Safe dumper that writes those opaque tagged values back unchanged."""
 
 
 _Loader.add_multi_constructor("!", lambda loader, suffix, node: _Tagged(

@@ -33,9 +33,32 @@ def _items(run_dir: Path) -> dict[str, str]:
             for p in sorted((run_dir / "items").rglob("*.jsonl"))}
 
 
+def _signal_mid_stage_2(args: list[str], tmp_path: Path, sig: int) -> tuple[int, str]:
+    """Run `clbench run` in a child paused inside stage 2, send it `sig`; (exit code, output)."""
+    from test_protocol import PAUSE_ENV
+
+    marker = tmp_path / "paused"
+    env = dict(os.environ, **{PAUSE_ENV: "2:1", PAUSE_ENV + "_MARKER": str(marker)})
+    child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), *args],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists():
+            if child.poll() is not None:
+                pytest.fail(f"the child ended early:\n{child.stdout.read().decode()}")
+            assert time.monotonic() < deadline, "the child never reached stage 2"
+            time.sleep(0.2)
+        os.kill(child.pid, sig)
+        output = child.communicate(timeout=120)[0].decode()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    return child.returncode, output
+
+
 @pytest.mark.slow
 def test_sigkill_mid_stage_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
-    from test_protocol import PAUSE_ENV, SUITE, run_cli, write_suite
+    from test_protocol import SUITE, run_cli, write_suite
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
     common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
@@ -44,22 +67,8 @@ def test_sigkill_mid_stage_then_resume_matches_uninterrupted_run(tmp_path: Path)
     assert run_cli(common + ["--out", str(straight)]).exit_code == 0
 
     killed = tmp_path / "killed"
-    marker = tmp_path / "paused"
-    env = dict(os.environ, **{PAUSE_ENV: "2:1", PAUSE_ENV + "_MARKER": str(marker)})
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), *common,
-                              "--out", str(killed)], env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while not marker.exists():
-            if child.poll() is not None:
-                pytest.fail(f"the child ended early:\n{child.stdout.read().decode()}")
-            assert time.monotonic() < deadline, "the child never reached stage 2"
-            time.sleep(0.2)
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait(timeout=60)
-    assert child.returncode == -signal.SIGKILL
+    code, _ = _signal_mid_stage_2(common + ["--out", str(killed)], tmp_path, signal.SIGKILL)
+    assert code == -signal.SIGKILL
     partial = read_results(killed / "results.json")
     assert partial.status == "partial" and len(partial.matrix) == 2  # base + stage 1
 
@@ -89,29 +98,14 @@ def test_resume_of_a_complete_run_reprints_without_training(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_ctrl_c_mid_stage_keeps_completed_stages_and_exits_130(tmp_path: Path) -> None:
-    from test_protocol import PAUSE_ENV, SUITE, run_cli, write_suite
+    from test_protocol import SUITE, run_cli, write_suite
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
     out = tmp_path / "interrupted"
     common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
               "--device", "cpu", "--out", str(out)]
-    marker = tmp_path / "paused"
-    env = dict(os.environ, **{PAUSE_ENV: "2:1", PAUSE_ENV + "_MARKER": str(marker)})
-    child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), *common],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while not marker.exists():
-            if child.poll() is not None:
-                pytest.fail(f"the child ended early:\n{child.stdout.read().decode()}")
-            assert time.monotonic() < deadline, "the child never reached stage 2"
-            time.sleep(0.2)
-        os.kill(child.pid, signal.SIGINT)
-        output = child.communicate(timeout=120)[0].decode()
-    finally:
-        if child.poll() is None:
-            child.kill()
-    assert child.returncode == 130, output
+    code, output = _signal_mid_stage_2(common, tmp_path, signal.SIGINT)
+    assert code == 130, output
     assert "Traceback" not in output and "interrupted" in output.lower()
     partial = read_results(out / "results.json")
     assert partial.status == "partial" and len(partial.matrix) == 2  # base + stage 1 kept

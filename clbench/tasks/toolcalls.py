@@ -178,7 +178,7 @@ _NAMED_LITERALS = {"true": True, "false": False, "null": None, "True": True, "Fa
 
 
 class _NotLiteral(Exception):
-    pass
+    """A Python call argument that is not a plain literal (it is never evaluated)."""
 
 
 def _literal(node: ast.AST, depth: int = 0) -> Any:
