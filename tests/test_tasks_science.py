@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from clbench.tasks.grading import warm_up_verifier
+from clbench.tasks.chemistry import compounds, elements, formula_counts, molar_mass
 from clbench.tasks.science import (FAMILIES, MCQ, NO_ANSWER_FEEDBACK, NO_CHOICE_FEEDBACK, Facts,
-                                   compounds, elements, formula_counts, grade_choice, molar_mass)
+                                   grade_choice)
 
 # ---------------------------------------------------------------------------------------------
 # Tables

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from clbench.errors import UserError
-from clbench.tasks import tooluse
-from clbench.tasks.tooluse import (BFCLMultiple, BFCLParallel, BFCLSimple, GeneratedTools,
-                                   GeneratedToolsUnseen, ToolAlpaca, ToolUseError, draw_slot,
-                                   load_families, toolalpaca_schema)
+from clbench.tasks import bfcl
+from clbench.tasks.bfcl import BFCLMultiple, BFCLParallel, BFCLSimple
+from clbench.tasks.toolalpaca import ToolAlpaca, toolalpaca_schema
+from clbench.tasks.tooluse import (GeneratedTools, GeneratedToolsUnseen, ToolUseError, draw_slot,
+                                   load_families)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "toolalpaca"
 TRAIN_FILE = str(FIXTURES / "train_sample.json")
@@ -124,7 +125,7 @@ def test_entry_points_register_every_tool_use_source() -> None:
     names = {e.name: e.value for e in entry_points(group="clbench.tasks")}
     for cls in (GeneratedTools, GeneratedToolsUnseen, BFCLSimple, BFCLMultiple, BFCLParallel,
                 ToolAlpaca):
-        assert names[cls.name] == f"clbench.tasks.tooluse:{cls.__name__}"
+        assert names[cls.name] == f"{cls.__module__}:{cls.__name__}"
         assert cls.domain == "tool_use"
 
 
@@ -173,18 +174,18 @@ def test_bfcl_splits_are_disjoint_with_a_train_share() -> None:
 
 
 def test_bfcl_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    tooluse.load_bfcl.cache_clear()
+    bfcl.load_bfcl.cache_clear()
 
     def missing(package: str) -> None:
         raise ModuleNotFoundError(f"No module named {package!r}")
 
-    monkeypatch.setattr(tooluse.resources, "files", missing)
+    monkeypatch.setattr(bfcl.resources, "files", missing)
     try:
         with pytest.raises(UserError, match="pip install --no-deps bfcl-eval"):
             BFCLMultiple().examples("eval", 0, 5)
     finally:
         monkeypatch.undo()
-        tooluse.load_bfcl.cache_clear()
+        bfcl.load_bfcl.cache_clear()
 
 
 # --- ToolAlpaca on a local fixture in its record format --------------------------------------

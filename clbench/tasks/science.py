@@ -1,6 +1,6 @@
-"""Science task sources: verifiable questions from fact tables in the repo, and hub MCQ adapters.
+"""Science task sources: verifiable questions from the fact tables in the repo.
 
-Offline (tables in `clbench/data/science/`: all 118 elements, ~90 compounds, units, constants):
+Offline (tables in `clbench/data/science/`, read by :mod:`clbench.tasks.chemistry`):
 - `science.facts`: free-form short answers ending in `Answer: X`, from a mix of families: element
   lookups (symbol, name, atomic number, period, group), isotope neutron counts, computed molar
   masses, mole/mass stoichiometry, particle counts and unit conversions. Lookup families have at
@@ -10,31 +10,28 @@ Offline (tables in `clbench/data/science/`: all 118 elements, ~90 compounds, uni
   atomic numbers, look-alike symbols, slipped molar masses), answered as `<answer>X</answer>`.
 Families not in a training mix are the distribution-shifted probes (see docs/tasks.md).
 
-Hub adapters (letter MCQ): `hicai-zju/SciKnowEval` (L3, per discipline), `Idavidrein/gpqa`,
-`allenai/sciq`.
+The letter grader (:func:`grade_choice`) is shared with the hub MCQ adapters in
+:mod:`clbench.tasks.science_hub`.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import random
 import re
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable
 
 from pydantic import Field, field_validator
 
-from clbench.tasks.base import (Example, Grade, Messages, Split, TaskParams, TaskSource,
-                                draw_distinct, one_shot, seeded_rng)
+from clbench.tasks.base import (Example, Grade, Split, TaskParams, TaskSource, draw_distinct,
+                                one_shot, seeded_rng)
+from clbench.tasks.chemistry import (compounds, constants, elements, formula_counts, molar_mass,
+                                     units)
 from clbench.tasks.grading import (extract_answer_line, extract_boxed, extract_choice,
                                    extract_tag, format_number, numbers_close, parse_number, quote)
-from clbench.tasks.hub import HubItem, HubParams, HubSource, stable_key
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "science"
 ANSWER_INSTRUCTION = "End with 'Answer: <answer>'."
 MCQ_INSTRUCTION = "Reply with the letter of the correct option as <answer>X</answer>."
 NO_ANSWER_FEEDBACK = "No final answer found; end with 'Answer: <answer>'."
@@ -43,96 +40,8 @@ LETTERS = "ABCD"
 
 
 # ---------------------------------------------------------------------------------------------
-# Fact tables
+# Question families
 # ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Element:
-    number: int
-    symbol: str
-    name: str
-    group: int | None
-    period: int
-    molar_mass: float | None   # None: no standard atomic weight (no stable isotope)
-
-
-@lru_cache(maxsize=1)
-def elements() -> tuple[Element, ...]:
-    """The periodic table (IUPAC standard atomic weights, abridged)."""
-    text = (DATA_DIR / "elements.csv").read_text("utf-8")
-    return tuple(Element(int(r["number"]), r["symbol"], r["name"],
-                         int(r["group"]) if r["group"] else None, int(r["period"]),
-                         float(r["molar_mass"]) if r["molar_mass"] else None)
-                 for r in csv.DictReader(text.splitlines()))
-
-
-@lru_cache(maxsize=1)
-def compounds() -> tuple[tuple[str, str], ...]:
-    """(formula, common name) pairs."""
-    text = (DATA_DIR / "compounds.csv").read_text("utf-8")
-    return tuple((r["formula"], r["name"]) for r in csv.DictReader(text.splitlines()))
-
-
-@lru_cache(maxsize=1)
-def _json_table(name: str) -> dict[str, Any]:
-    text = (DATA_DIR / name).read_text("utf-8")
-    return {k: v for k, v in json.loads(text).items() if not k.startswith("_")}
-
-
-def constants() -> dict[str, Any]:
-    return _json_table("constants.json")
-
-
-def units() -> dict[str, dict[str, float]]:
-    return _json_table("units.json")
-
-
-_TOKEN = re.compile(r"([A-Z][a-z]?|\(|\)|\d+)")
-
-
-def formula_counts(formula: str) -> dict[str, int]:
-    """Atoms per element of a formula with parentheses: `Ca(OH)2` -> {Ca: 1, O: 2, H: 2}."""
-    tokens = _TOKEN.findall(formula)
-    if "".join(tokens) != formula:
-        raise ValueError(f"cannot parse formula {formula!r}")
-    stack: list[dict[str, int]] = [{}]
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        i += 1
-        if tok == "(":
-            stack.append({})
-            continue
-        mult = 1
-        if i < len(tokens) and tokens[i].isdigit():
-            mult = int(tokens[i])
-            i += 1
-        if tok == ")":
-            if len(stack) == 1:
-                raise ValueError(f"unbalanced parentheses in formula {formula!r}")
-            group = stack.pop()
-            for el, n in group.items():
-                stack[-1][el] = stack[-1].get(el, 0) + n * mult
-        elif tok.isdigit():
-            raise ValueError(f"misplaced count in formula {formula!r}")
-        else:
-            stack[-1][tok] = stack[-1].get(tok, 0) + mult
-    if len(stack) != 1:
-        raise ValueError(f"unbalanced parentheses in formula {formula!r}")
-    return stack[0]
-
-
-def molar_mass(formula: str) -> float:
-    """Molar mass in g/mol from standard atomic weights."""
-    by_symbol = {e.symbol: e for e in elements()}
-    total = 0.0
-    for sym, n in formula_counts(formula).items():
-        mass = by_symbol[sym].molar_mass
-        if mass is None:
-            raise ValueError(f"{sym} has no standard atomic weight")
-        total += n * mass
-    return total
-
 
 def _mass_breakdown(formula: str) -> str:
     by_symbol = {e.symbol: e for e in elements()}
@@ -140,10 +49,6 @@ def _mass_breakdown(formula: str) -> str:
              for s, n in formula_counts(formula).items()]
     return " + ".join(parts)
 
-
-# ---------------------------------------------------------------------------------------------
-# Question families
-# ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Fact:
@@ -478,101 +383,3 @@ def grade_choice(gold: str, completion: str, reveal: bool = False,
     if reveal:
         feedback += f" The correct answer is {gold}."
     return Grade(0.0, False, feedback)
-
-
-# ---------------------------------------------------------------------------------------------
-# Hub adapters (letter multiple choice)
-# ---------------------------------------------------------------------------------------------
-
-def mcq_prompt(question: str, options: list[str]) -> str:
-    """Question, lettered options and the paper's `<answer>X</answer>` instruction."""
-    lines = "\n".join(f"{LETTERS[i]}. {str(o).strip()}" for i, o in enumerate(options))
-    return f"{question.strip()}\n{lines}\n{MCQ_INSTRUCTION}"
-
-
-class HubMCQ(HubSource):
-    """Zero-shot lettered multiple choice; gold is the correct letter."""
-
-    domain = "science"
-
-    def messages(self, item: HubItem) -> Messages:
-        return [{"role": "user", "content": item.question}]
-
-    def grade(self, example: Example, completion: str) -> Grade:
-        return grade_choice(example.answer, completion, self.params.reveal_answer_in_feedback,
-                            letters=example.metadata.get("letters", LETTERS))
-
-    def shuffled_item(self, key: str, question: str, correct: str, wrong: list[str],
-                      metadata: dict[str, Any]) -> HubItem:
-        """Options in a seeded order fixed per record (datasets that list the answer first)."""
-        options = [correct] + wrong
-        seeded_rng("options", key).shuffle(options)
-        letter = LETTERS[options.index(correct)]
-        return HubItem(key=key, question=mcq_prompt(question, options), answer=letter,
-                       reference=f"<answer>{letter}</answer>",
-                       metadata={**metadata, "letters": LETTERS[:len(options)]})
-
-
-class SciKnowEvalParams(HubParams):
-    level: str = Field(default="L3", pattern=r"^L[1-5]$", description="SciKnowEval level kept.")
-
-
-class SciKnowEval(HubMCQ):
-    name = "science.sciknoweval"
-    description = "SciKnowEval multiple-choice questions of one level (default L3) and discipline."
-    license = "MIT"
-    hub_path, hub_name = "hicai-zju/SciKnowEval", "Chemistry"
-    split_policy = "hash"
-    hub_splits: ClassVar[dict[str, str]] = {"source": "test"}
-    Params = SciKnowEvalParams
-    params: SciKnowEvalParams
-
-    def to_item(self, record: dict[str, Any]) -> HubItem | None:
-        details = record.get("details") or {}
-        if not str(record.get("type", "")).startswith("mcq") or \
-                details.get("level") != self.params.level:
-            return None
-        choices = record["choices"]
-        labels, texts = list(choices["label"]), list(choices["text"])
-        if record.get("answerKey") not in labels:
-            return None
-        question = mcq_prompt(record["question"], texts) if labels == list(
-            LETTERS[:len(labels)]) else None
-        if question is None:
-            return None
-        key = stable_key(record["question"], *texts)
-        return HubItem(key=key, question=question, answer=record["answerKey"],
-                       reference=f"<answer>{record['answerKey']}</answer>",
-                       metadata={"letters": "".join(labels), "task": details.get("task"),
-                                 "subtask": details.get("subtask"),
-                                 "domain": record.get("domain")})
-
-
-class GPQA(HubMCQ):
-    name = "science.gpqa"
-    description = "GPQA graduate-level science questions (Idavidrein/gpqa, gated), evaluation only."
-    license = "CC-BY-4.0"
-    hub_path, hub_name = "Idavidrein/gpqa", "gpqa_diamond"
-    split_policy = "eval_only"
-    hub_splits: ClassVar[dict[str, str]] = {"source": "train"}
-
-    def to_item(self, record: dict[str, Any]) -> HubItem | None:
-        wrong = [record[f"Incorrect Answer {i}"] for i in (1, 2, 3)]
-        key = str(record.get("Record ID") or stable_key(record["Question"]))
-        return self.shuffled_item(key, record["Question"], record["Correct Answer"], wrong,
-                                  {"domain": record.get("High-level domain"),
-                                   "subdomain": record.get("Subdomain")})
-
-
-class SciQ(HubMCQ):
-    name = "science.sciq"
-    description = "SciQ crowd-sourced science exam questions (allenai/sciq)."
-    license = "CC-BY-NC-3.0"
-    hub_path = "allenai/sciq"
-    split_policy = "native"
-    hub_splits: ClassVar[dict[str, str]] = {"train": "train", "eval": "test"}
-
-    def to_item(self, record: dict[str, Any]) -> HubItem | None:
-        wrong = [record["distractor1"], record["distractor2"], record["distractor3"]]
-        key = stable_key(record["question"], record["correct_answer"])
-        return self.shuffled_item(key, record["question"], record["correct_answer"], wrong, {})

@@ -1,16 +1,16 @@
-"""Tool-use task sources: a generated function-calling family, BFCL's categories, ToolAlpaca.
+"""Tool-use base and the generated function-calling family.
 
+* The shared base of every tool-use source: :class:`ToolUseSource` (grading through
+  :mod:`clbench.tasks.toolcalls`, BFCL semantics and verifier feedback), the answer formats the
+  prompts ask for, and call formatting (`call_json`, `function_listing`, `reference_arguments`).
 * `tool_use.generated` (and `tool_use.generated_unseen`, its held-out function families):
   requests written from templates over function schemas kept in `clbench/data/tools/`, each with
   one deterministic expected call. Difficulty knobs: candidate functions in the prompt, the
   function of the worked example (same as the request's, or another one), optional arguments,
   unit/format conversions the model must do (hours -> minutes, "March 5" -> "2025-03-05").
-* `tool_use.bfcl_simple` / `bfcl_multiple` / `bfcl_parallel`: the Berkeley Function-Calling
-  Leaderboard's data and possible answers, read from the installed `bfcl-eval` package.
-* `tool_use.toolalpaca`: ToolAlpaca's records (its GitHub release or local files in that record
-  format), graded on its golden actions (see :mod:`clbench.tasks.hub` for the loading rules).
 
-All grade through :mod:`clbench.tasks.toolcalls` (BFCL semantics, verifier feedback).
+The hub and benchmark adapters build on this base: BFCL in :mod:`clbench.tasks.bfcl`, ToolAlpaca
+in :mod:`clbench.tasks.toolalpaca`.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from pydantic import Field, model_validator
 from clbench.errors import UserError
 from clbench.tasks.base import (Example, Grade, Split, TaskParams, TaskSource, one_shot,
                                 seeded_rng, split_of)
-from clbench.tasks.hub import _CACHE as _HUB_CACHE
-from clbench.tasks.hub import HubDataError, HubItem, HubSource, stable_key
 from clbench.tasks.toolcalls import calls_start, grade_calls
 
 JSON_FORMAT = 'Respond with only a JSON object of the form {"name": ..., "arguments": {...}}.'
@@ -68,11 +66,24 @@ class ToolUseSource(TaskSource):
         return start if start is not None else super().answer_start(completion)
 
 
-def _take(items: list[Example], split: Split, size: int, what: str) -> list[Example]:
-    if size > len(items):
-        raise ToolUseError(f"{what} has only {len(items)} {split} items, {size} were asked for; "
-                           "ask for fewer or change `eval_fraction`")
-    return items[:size]
+def reference_arguments(allowed: dict[str, list], required: list[str] = ()) -> dict[str, Any]:
+    """One correct argument set: the first allowed value of each argument, omitting optional
+    ones whose first option is `""` (unless the schema requires them: BFCL has a few such).
+    Nested allowed-value structures (dicts of lists) become concrete values the same way."""
+    out = {}
+    for param, opts in allowed.items():
+        values = [o for o in opts if o != ""]
+        if values and (opts[0] != "" or param in required):
+            out[param] = _concrete(values[0])
+    return out
+
+
+def _concrete(value: Any) -> Any:
+    if isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
+        return reference_arguments(value)
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        return [_concrete(v) for v in value]
+    return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,301 +321,3 @@ class GeneratedToolsUnseen(GeneratedTools):
     description: ClassVar[str] = ("Generated function calls over held-out families (health, "
                                   "media): an OOD probe for tool_use.generated")
     default_families: ClassVar[str] = "unseen_families"
-
-
-# ---------------------------------------------------------------------------------------------
-# BFCL (Berkeley Function-Calling Leaderboard) from the installed `bfcl-eval` package
-# ---------------------------------------------------------------------------------------------
-
-BFCL_INSTALL_HINT = ("the BFCL tool-use tasks read their data from the `bfcl-eval` package; "
-                     "install it with `pip install --no-deps bfcl-eval` (its pinned dependencies "
-                     "are not needed)")
-
-
-def _read_jsonl(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-@lru_cache(maxsize=8)
-def load_bfcl(category: str) -> tuple[tuple[dict, dict], ...]:
-    """(question record, possible-answer record) pairs of one BFCL v4 category, by id."""
-    try:
-        root = resources.files("bfcl_eval").joinpath("data")
-    except ModuleNotFoundError:
-        raise ToolUseError(BFCL_INSTALL_HINT) from None
-    name = f"BFCL_v4_{category}.json"
-    try:
-        questions = _read_jsonl(root.joinpath(name).read_text("utf-8"))
-        answers = _read_jsonl(root.joinpath("possible_answer", name).read_text("utf-8"))
-    except FileNotFoundError:
-        raise ToolUseError(f"the installed bfcl-eval has no {name}; {BFCL_INSTALL_HINT}") from None
-    by_id = {a["id"]: a for a in answers}
-    return tuple((q, by_id[q["id"]]) for q in questions if q["id"] in by_id)
-
-
-def bfcl_expected(answer: dict) -> list[dict]:
-    """BFCL's `ground_truth` ([{fn: {param: [allowed]}}]) as expected calls."""
-    return [{"name": name, "arguments": args}
-            for entry in answer["ground_truth"] for name, args in entry.items()]
-
-
-def reference_arguments(allowed: dict[str, list], required: list[str] = ()) -> dict[str, Any]:
-    """One correct argument set: the first allowed value of each argument, omitting optional
-    ones whose first option is `""` (unless the schema requires them: BFCL has a few such).
-    Nested allowed-value structures (dicts of lists) become concrete values the same way."""
-    out = {}
-    for param, opts in allowed.items():
-        values = [o for o in opts if o != ""]
-        if values and (opts[0] != "" or param in required):
-            out[param] = _concrete(values[0])
-    return out
-
-
-def _concrete(value: Any) -> Any:
-    if isinstance(value, dict) and all(isinstance(v, list) for v in value.values()):
-        return reference_arguments(value)
-    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        return [_concrete(v) for v in value]
-    return value
-
-
-class BFCLParams(TaskParams):
-    """Parameters of the BFCL sources."""
-
-    eval_fraction: float = Field(default=1.0, gt=0.0, le=1.0, description="Share of the "
-                                 "category's items in the eval split (1.0: all, no train split).")
-    demo: bool = Field(default=True, description="Show one worked request and call (another "
-                       "item of the category, from the train split) before the request.")
-
-
-class _BFCL(ToolUseSource):
-    """One BFCL category: request, functions, and possible answers with BFCL's semantics."""
-
-    category: ClassVar[str]
-    license: ClassVar[str] = "Apache-2.0"
-    Params: ClassVar[type[TaskParams]] = BFCLParams
-
-    def _messages(self, question: dict, expected: list[dict], demo: tuple | None) -> list:
-        fmt = JSON_LIST_FORMAT if len(expected) > 1 else JSON_FORMAT
-
-        def turn(q: dict) -> str:
-            request = "\n".join(m["content"] for m in q["question"][0] if m["role"] == "user")
-            return f"Functions: {json.dumps(q['function'])}\n\nRequest: {request}"
-
-        system = "You call functions to fulfil requests. " + fmt
-        if demo is None:
-            return [{"role": "system", "content": system},
-                    {"role": "user", "content": turn(question)}]
-        demo_q, demo_a = demo
-        demo_calls = [json.loads(call_json(c["name"], reference_arguments(c["arguments"])))
-                      for c in bfcl_expected(demo_a)]
-        demo_text = (json.dumps(demo_calls, ensure_ascii=False) if len(demo_calls) > 1
-                     else json.dumps(demo_calls[0], ensure_ascii=False))
-        return one_shot(system, turn(demo_q), demo_text, turn(question))
-
-    def build(self, split: Split, seed: int, size: int) -> list[Example]:
-        records = load_bfcl(self.category)
-        p = self.params
-        mine = [r for r in records if split_of("bfcl:" + r[0]["id"], p.eval_fraction) == split]
-        demos = [r for r in records if split_of("bfcl:" + r[0]["id"], p.eval_fraction) == "train"]
-        rng = seeded_rng(self.name, split, seed)
-        rng.shuffle(mine)
-        out = []
-        for question, answer in mine[:size]:
-            expected = bfcl_expected(answer)
-            pool = [d for d in (demos or records) if d[0]["id"] != question["id"]]
-            demo = rng.choice(pool) if p.demo and pool else None
-            required = {f["name"]: f["parameters"].get("required", [])
-                        for f in question["function"]}
-            refs = [{"name": c["name"],
-                     "arguments": reference_arguments(c["arguments"], required.get(c["name"], []))}
-                    for c in expected]
-            reference = (json.dumps(refs, ensure_ascii=False) if len(refs) > 1
-                         else call_json(refs[0]["name"], refs[0]["arguments"]))
-            names = {c["name"] for c in expected}
-            out.append(Example(
-                id=question["id"],
-                messages=self._messages(question, expected, demo),
-                reference=reference,
-                answer={"calls": expected,
-                        "schemas": [f for f in question["function"] if f["name"] in names]},
-                metadata={"category": self.category, "n_calls": len(expected),
-                          "n_functions": len(question["function"])},
-            ))
-        return _take(out, split, size, f"{self.name} (eval_fraction={p.eval_fraction})")
-
-
-class BFCLSimple(_BFCL):
-    """BFCL v4 simple (Python): one function offered, one call expected."""
-
-    name: ClassVar[str] = "tool_use.bfcl_simple"
-    description: ClassVar[str] = "BFCL v4 simple_python: one function, one call (400 items)"
-    category: ClassVar[str] = "simple_python"
-
-
-class BFCLMultiple(_BFCL):
-    """BFCL v4 multiple: several functions offered, the right one must be chosen."""
-
-    name: ClassVar[str] = "tool_use.bfcl_multiple"
-    description: ClassVar[str] = "BFCL v4 multiple: choose one of 2-4 functions (200 items)"
-    category: ClassVar[str] = "multiple"
-
-
-class BFCLParallel(_BFCL):
-    """BFCL v4 parallel: several calls of one function in one answer, any order."""
-
-    name: ClassVar[str] = "tool_use.bfcl_parallel"
-    description: ClassVar[str] = "BFCL v4 parallel: several calls in one answer (200 items)"
-    category: ClassVar[str] = "parallel"
-
-
-# ---------------------------------------------------------------------------------------------
-# ToolAlpaca (Tang et al. 2023): API records with instances or instructions + golden answers
-# ---------------------------------------------------------------------------------------------
-
-_TOOLALPACA_DATA = "https://raw.githubusercontent.com/tangqiaoyu/ToolAlpaca/main/data/"
-TOOLALPACA_FILES = {"train": [_TOOLALPACA_DATA + "train_data.json"],
-                    "eval": [_TOOLALPACA_DATA + "eval_simulated.json",
-                             _TOOLALPACA_DATA + "eval_real.json"]}
-REACT_FORMAT = ("Write your reasoning after \"Thought:\", then each call on two lines:\n"
-                "Action: <function name>\nAction Input: <the arguments as a JSON object>")
-_PARAM_TYPES = {"string": "string", "integer": "integer", "number": "number", "float": "number",
-                "boolean": "boolean", "array": "array", "object": "object"}
-
-
-def toolalpaca_schema(name: str, description: str) -> dict:
-    """A function declaration from ToolAlpaca's natural-language description.
-
-    Its "Parameters:" line is a JSON object of `"param": "[Required. ]type. [One of: [a, b].]
-    text"` strings; types and enums become JSON Schema, so the grader can check them.
-    """
-    props: dict[str, dict] = {}
-    required: list[str] = []
-    at = description.find("Parameters:")
-    params: Any = None
-    if at >= 0:
-        text = description[at + len("Parameters:"):].lstrip()
-        try:
-            params = json.JSONDecoder().raw_decode(text)[0]
-        except ValueError:
-            params = None
-    for pname, desc in (params.items() if isinstance(params, dict) else []):
-        desc = str(desc)
-        if desc.startswith("Required."):
-            required.append(pname)
-            desc = desc[len("Required."):].lstrip()
-        declared = desc.split(".", 1)[0].strip().lower()
-        prop: dict[str, Any] = {"description": desc}
-        if declared in _PARAM_TYPES:
-            prop["type"] = _PARAM_TYPES[declared]
-        if "One of: [" in desc:
-            options = desc.split("One of: [", 1)[1].split("]", 1)[0]
-            prop["enum"] = [o.strip() for o in options.split(",") if o.strip()]
-        props[pname] = prop
-    return {"name": name, "parameters": {"type": "object", "properties": props,
-                                         "required": required}}
-
-
-def _golden_calls(actions: list[tuple[str, str]]) -> list[dict] | None:
-    """Expected calls from (action, JSON input) pairs; `""`/null gold values mean optional.
-    None when an input is not a JSON object (a broken record)."""
-    calls = []
-    for action, raw in actions:
-        try:
-            args = json.loads(raw) if raw.strip() else {}
-        except ValueError:
-            return None
-        if not isinstance(args, dict):
-            return None
-        calls.append({"name": action, "arguments": {
-            k: [""] if v in ("", None) else [v] for k, v in args.items()}})
-    return calls
-
-
-def _toolalpaca_rows(record: dict) -> list[dict]:
-    """One row per instance (train format) or per instruction with golden answers (eval)."""
-    rows = []
-    for inst in record.get("Instances") or []:
-        steps = inst.get("intermediate_steps") or []
-        actions = [(str(s[0][0]), str(s[0][1])) for s in steps
-                   if isinstance(s, list) and s and isinstance(s[0], list) and len(s[0]) >= 2]
-        rows.append({"api": record, "instruction": inst.get("input") or "", "actions": actions})
-    golds = record.get("Golden_Answers") or []
-    for instruction, gold in zip(record.get("Instructions") or [], golds):
-        actions = [(str(g.get("Action", "")), str(g.get("Action_Input", ""))) for g in gold or []]
-        rows.append({"api": record, "instruction": instruction, "actions": actions})
-    return rows
-
-
-class ToolAlpaca(ToolUseSource, HubSource):
-    """ToolAlpaca: answer an API request with Thought / Action / Action Input calls."""
-
-    name: ClassVar[str] = "tool_use.toolalpaca"
-    description: ClassVar[str] = ("ToolAlpaca (400+ simulated APIs): ReAct-style calls graded "
-                                  "on the golden actions")
-    license: ClassVar[str] = "Apache-2.0"
-    hub_path: ClassVar[str] = "tangqiaoyu/ToolAlpaca"
-    hub_splits: ClassVar[dict[str, str]] = {"train": "train", "eval": "eval", "source": "train"}
-
-    def __init__(self, params: TaskParams | dict[str, Any] | None = None) -> None:
-        super().__init__(params)
-        # The release ships train and eval files (eval on unseen APIs); a single local file or
-        # list of files is split by a hash of each instruction instead.
-        files = self.params.data_files
-        self.split_policy = "hash" if isinstance(files, (str, list)) else "native"
-
-    def _records(self, which: str) -> list[dict[str, Any]]:
-        p = self.params
-        if p.data_files is None and p.path is None:
-            records = self._release_records(which)
-        else:
-            records = super()._records(which)
-        return [row for record in records for row in _toolalpaca_rows(record)]
-
-    def _release_records(self, which: str) -> list[dict[str, Any]]:
-        files = TOOLALPACA_FILES["train" if which == "source" else which]
-        key = ("toolalpaca-release", which)
-        if key not in _HUB_CACHE:
-            import datasets
-
-            try:
-                ds = datasets.load_dataset("json", data_files=files, split="train")
-            except Exception as exc:  # noqa: BLE001 - every failure gets the same advice
-                raise HubDataError(
-                    f"cannot load ToolAlpaca from {files[0]}: {type(exc).__name__}: "
-                    f"{str(exc)[:200]}. Offline, download the data files of "
-                    "github.com/tangqiaoyu/ToolAlpaca and set the task's `data_files` to "
-                    "them (a mapping {train: ..., eval: ...} keeps the release's split).") from None
-            _HUB_CACHE[key] = [dict(r) for r in ds]
-        return _HUB_CACHE[key]
-
-    def to_item(self, row: dict[str, Any]) -> HubItem | None:
-        actions = [(a, i) for a, i in row["actions"] if a != "getDetails"]  # a help tool
-        instruction = row["instruction"].rsplit("\nHint: ", 1)[0].strip()
-        calls = _golden_calls(actions) if actions and instruction else None
-        if not calls:
-            return None
-        api = row["api"]
-        descriptions = {k: v for k, v in (api.get("Function_Description") or {}).items()
-                        if k != "components" and isinstance(v, str)}
-        names = {c["name"] for c in calls}
-        reference = "\n".join(
-            f"Thought: I need to call {c['name']}.\nAction: {c['name']}\nAction Input: "
-            + json.dumps(reference_arguments(c["arguments"]), ensure_ascii=False)
-            for c in calls)
-        return HubItem(
-            key=stable_key(api.get("Name"), instruction),
-            question=instruction,
-            answer={"calls": calls,
-                    "schemas": [toolalpaca_schema(n, d) for n, d in descriptions.items()
-                                if n in names],
-                    "api": api.get("Name"), "functions": descriptions},
-            reference=reference,
-            metadata={"api": api.get("Name"), "n_calls": len(calls)})
-
-    def messages(self, item: HubItem) -> list[dict[str, str]]:
-        docs = "\n\n".join(f"{n}: {d}" for n, d in item.answer["functions"].items())
-        system = (f"You answer requests by calling the functions of the {item.answer['api']} "
-                  f"API.\n{REACT_FORMAT}\n\nFunctions:\n{docs}")
-        return [{"role": "system", "content": system},
-                {"role": "user", "content": item.question}]
