@@ -256,14 +256,17 @@ class Distributed:
                 out[k] = sum(values) / len(values)
         return out
 
-    def sum_counts(self, counts: dict[str, int]) -> dict[str, int]:
-        """Counters summed over the ranks."""
+    def sum_counts(self, counts: dict[str, int],
+                   shared: tuple[str, ...] = ("optimizer_steps",)) -> dict[str, int]:
+        """Counters summed over the ranks, except the `shared` ones every rank counts alike
+        (the ranks take their optimizer steps together)."""
         if self.num_processes == 1:
             return dict(counts)
         total: dict[str, int] = {}
         for rec in self.gather([counts]):
             for k, v in rec.items():
                 total[k] = total.get(k, 0) + int(v)
+        total.update({k: int(counts[k]) for k in shared if k in counts})
         return total
 
     # -- training ------------------------------------------------------------------------------
