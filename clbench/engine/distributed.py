@@ -272,8 +272,14 @@ class Distributed:
     # -- training ------------------------------------------------------------------------------
 
     def autocast(self) -> Any:
-        """Autocast to the compute dtype (mixed precision); does nothing otherwise."""
-        return self.accelerator.autocast() if self.precision.mixed else nullcontext()
+        """Autocast to the compute dtype (mixed precision); does nothing otherwise.
+
+        The context `accelerator.autocast()` builds, but from this run's precision: accelerate
+        reads it from a process-wide state that a later Accelerator (another run in the same
+        process) may have replaced."""
+        if not self.precision.mixed:
+            return nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.precision.compute)
 
     def prepare_student(self, model: nn.Module) -> nn.Module:
         """The module training forwards go through: :class:`StudentForward`, DDP-wrapped with
