@@ -31,9 +31,9 @@ TASK = TaskSpec(source="math.arithmetic", params={"digits": 2, "operands": 2, "o
 PHASES = ("generate", "grade", "score", "backward", "step")
 
 
-def measure(method_name: str, steps: int, dtype: str, seed: int) -> dict:
+def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "cpu") -> dict:
     """Train `steps` steps of one method; per-step seconds and summed phase times."""
-    model, tokenizer = load_model("smollm2-135m", device="cpu", dtype=dtype)
+    model, tokenizer = load_model("smollm2-135m", device=device, dtype=dtype)
     task = build_task(TASK)
     method = build_method(MethodSpec(name=method_name))
     budget = Budget(steps=steps, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=48)
@@ -41,13 +41,14 @@ def measure(method_name: str, steps: int, dtype: str, seed: int) -> dict:
         ctx = StageContext(model=model, tokenizer=tokenizer, task=task,
                            train_examples=task.examples("train", TASK.seed, TASK.train_size),
                            budget=budget, stage_index=1, stage_name="math", seed=seed,
-                           device=torch.device("cpu"), work_dir=Path(work))
+                           device=model.device, work_dir=Path(work))
         started = time.perf_counter()
         report = method.train_stage(ctx)
         total = time.perf_counter() - started
     per_step = [r["seconds"] for r in report.steps]
     timed = per_step[1:] or per_step
     return {"method": method_name, "dtype": str(model.dtype).replace("torch.", ""),
+            "device": str(model.device),
             "seconds_per_step": statistics.mean(timed), "per_step": per_step,
             "total_seconds": total, "wall_time": report.wall_time,
             "generated_tokens_per_step": report.counters.get("generated_tokens", 0) / steps,
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--methods", default="sft,grpo,sdpo,sdpo-cot,stable-sdpo")
     parser.add_argument("--steps", type=int, default=4, help="steps per method (first is warm-up)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -68,13 +70,15 @@ def main() -> None:
     rows = []
     for name in args.methods.split(","):
         try:
-            rows.append(measure(name.strip(), args.steps, args.dtype, args.seed))
+            rows.append(measure(name.strip(), args.steps, args.dtype, args.seed, args.device))
         except UserError as exc:
             rows.append({"method": name, "error": str(exc)})
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"# {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+    where = torch.cuda.get_device_name() if args.device != "cpu" and torch.cuda.is_available() \
+        else platform.processor() or platform.machine()
+    print(f"# {where}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, 4 prompts x 4 samples x 48 tokens")
     print("| method | dtype | s/step | " + " | ".join(PHASES) + " | teacher | gen tok/step |")
     print("|---|---|---|" + "---|" * (len(PHASES) + 2))

@@ -1,4 +1,5 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either.
+"""Atomic file writes (a reader sees the old file or the new one, never half of either) and an
+exclusive file lock for work that several processes may try to do at once.
 
 Each write goes to a temporary file in the target's folder (same file system, so the final
 rename is atomic), is flushed and fsynced, then renamed over the target with `os.replace`; the
@@ -9,10 +10,12 @@ removes the temporary file and leaves the target untouched.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import tempfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 _DEFAULT_MODE = 0o644  # new files are readable by the leaderboard builder and other users
@@ -56,6 +59,17 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any, indent: int | Non
     """
     text = json.dumps(data, indent=indent, ensure_ascii=False, allow_nan=False)
     return atomic_write_text(path, text + "\n")
+
+
+@contextlib.contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive advisory lock on `path` (created if missing) for the `with` block;
+    other processes asking for the same lock wait. Released when the process dies."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _fsync_dir(folder: Path) -> None:

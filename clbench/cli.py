@@ -331,10 +331,13 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
               help="Model to train instead of the suite's default (hub id, path, tiny-*).")
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
               help="Where to train and evaluate.")
+@click.option("--no-base-cache", "no_base_cache", is_flag=True,
+              help="Evaluate row 0 (the base model) even when an identical row is cached from an "
+                   "earlier run.")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
 def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
                 sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
-                plan_only: bool) -> None:
+                no_base_cache: bool, plan_only: bool) -> None:
     """Benchmark a method on a suite: train stage by stage and fill the accuracy matrix.
 
     \b
@@ -348,7 +351,8 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     if not _DEVICE.match(device):
         raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
     run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
-                         overrides=parse_sets(sets), model=model_name, device=device)
+                         overrides=parse_sets(sets), model=model_name, device=device,
+                         reuse_base_row=not no_base_cache)
     config = registry.validate_method_params(run.method.name, run.method.params, where="method")
     console = stdout_console()
     print_plan(console, run, config.model_dump(mode="json"))
@@ -374,8 +378,12 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
               help="Model to train instead of the suite's default.")
 @click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
               help="Where to train and evaluate.")
+@click.option("--no-base-cache", "no_base_cache", is_flag=True,
+              help="Evaluate row 0 (the base model) even when an identical row is cached from an "
+                   "earlier run.")
 def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
-                  sets: tuple[str, ...], model_name: str | None, device: str) -> None:
+                  sets: tuple[str, ...], model_name: str | None, device: str,
+                  no_base_cache: bool) -> None:
     """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
 
     Ends with a comparison table: mean ± std over seeds per method (n = seeds).
@@ -400,7 +408,8 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
     if out_root is None:
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
     protocol.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
-                   model=model_name, device=device, console=stdout_console())
+                   model=model_name, device=device, reuse_base_row=not no_base_cache,
+                   console=stdout_console())
 
 
 @cli.command("report")

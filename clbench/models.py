@@ -16,7 +16,6 @@ Names understood:
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import os
 import shutil
@@ -24,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.atomic import file_lock
 from clbench.specs import ModelSpec, SpecError
 
 if TYPE_CHECKING:
@@ -220,8 +220,7 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
         return target
     gguf = embedded_gguf_path()
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{EMBEDDED_MODEL}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with file_lock(target.parent / f".{EMBEDDED_MODEL}.lock"):
         if (target / "config.json").is_file():  # another process finished while we waited
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_MODEL}-", dir=target.parent))

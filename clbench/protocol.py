@@ -39,7 +39,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from clbench import registry
+from clbench import baserow, registry
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
 from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, records_path, \
@@ -271,6 +271,39 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
     return cells
 
 
+def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
+             run_dir: Path, progress: Progress, result: RunResult, console: Console,
+             dist: Distributed) -> list[Cell | None]:
+    """Row 0: from the shared cache when an identical row was computed before, else evaluated
+    (and cached). The result records which, under `artifacts["base_row"]`.
+
+    One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
+    row once. Several processes of one run evaluate together, so the main process looks the row up
+    and tells the others (a lock held across a shared evaluation could deadlock).
+    """
+    def compute() -> list[Cell | None]:
+        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, dist))
+
+    if not run.reuse_base_row:
+        return compute()
+    key = baserow.base_row_key(run, plans, result)
+    names = [p.name for p in plans]
+    if dist.num_processes == 1:
+        cells, reused = baserow.load_or_compute(key, names, run_dir, compute)
+    else:
+        found = dist.broadcast(baserow.lookup(key, names, run_dir) if dist.is_main else None)
+        reused = found is not None
+        cells = found if found is not None else compute()
+        if dist.is_main and not reused:
+            baserow.store(key, names, cells, run_dir)
+    result.artifacts["base_row"] = {"key": key, "reused": reused,
+                                    "cache": str(baserow.cache_dir())}
+    if reused:
+        log.info("row 0 taken from the base-row cache (key %s)", key)
+        console.print(f"row 0 (base model): reused from {baserow.cache_dir() / key}")
+    return cells
+
+
 def to_cells(cells: Sequence[CellResult]) -> list[Cell | None]:
     out: list[Cell | None] = []
     for c in cells:
@@ -397,8 +430,8 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
         with _progress(console, disable=not main) as progress, dist.autocast():
             if not result.matrix:
                 seed_everything(derive_seed(run.seed, 0))
-                cells = evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, dist)
-                result.matrix.append(to_cells(cells))
+                result.matrix.append(base_row(run, plans, model, tokenizer, run_dir, progress,
+                                              result, console, dist))
                 result.row_labels.append("base")
                 if main:
                     write_results(run_dir / RESULTS_FILENAME, result)
@@ -501,14 +534,15 @@ def _account(result: RunResult, elapsed: float, device: torch.device) -> None:
 
 def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
           overrides: Sequence[str] = (), model: str | None = None, device: str = "auto",
-          console: Console | None = None) -> dict[str, Any]:
+          reuse_base_row: bool = True, console: Console | None = None) -> dict[str, Any]:
     """Run methods x seeds into `out_root/<method>/s<seed>`: complete runs are skipped,
     partial ones resumed. Ends with the comparison table over seeds."""
     from clbench.suites import build_run_spec
 
     console = console or Console()
     runs = [build_run_spec(suite_ref, m, seed=s, out_dir=Path(out_root) / m / f"s{s}",
-                           overrides=overrides, model=model, device=device)
+                           overrides=overrides, model=model, device=device,
+                           reuse_base_row=reuse_base_row)
             for m in methods for s in seeds]  # validate the whole grid before training
     dirs = []
     for run in runs:

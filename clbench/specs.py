@@ -219,6 +219,10 @@ class RunSpec(Spec):
     out_dir: str = Field(description="Run directory: results, checkpoints, logs.")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
                         description="`auto`, `cpu`, `mps`, `cuda`, `cuda:N`.")
+    reuse_base_row: bool = Field(default=True, description="Take row 0 (the base model's "
+                                 "scores) from the cache when an earlier run computed the same "
+                                 "row (same items, model, decoding, versions); see "
+                                 "`clbench.baserow`.")
     suite_file: str | None = Field(default=None, description="The suite file the run was "
                                    "built from; relative paths in the suite (e.g. an lm-eval "
                                    "`include_path`) resolve against its folder.")

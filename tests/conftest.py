@@ -61,6 +61,16 @@ class FakeMethod(Method):
         return StageReport(steps=[{"loss": 0.0}])
 
 
+@pytest.fixture(autouse=True)
+def private_base_row_cache(tmp_path_factory: pytest.TempPathFactory,
+                           monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test (and the CLI subprocesses it starts) gets its own empty base-row cache, so no
+    test reuses a row 0 computed by another or by the user's runs."""
+    path = tmp_path_factory.mktemp("base-rows")
+    monkeypatch.setenv("CLBENCH_BASE_ROWS", str(path))
+    return path
+
+
 @pytest.fixture
 def fake_plugins() -> Iterator[None]:
     """Only the fake plugins are registered (the installed ones are hidden)."""

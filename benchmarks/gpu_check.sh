@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The GPU check, in three phases (all by default):
+#   smoke    every built-in method through the smoke suite on the GPU (plumbing, tiny model);
+#   steps    seconds per step of each method on the embedded model, bf16 and fp32;
+#   starter  the starter grid (5 methods x 2 seeds), one process per run sharing the GPU, then
+#            the comparison table. A small model on a big GPU is bound by kernel launches, so
+#            runs side by side use the GPU far better than one after another.
+#
+#   benchmarks/gpu_check.sh OUT_DIR [smoke,steps,starter]
+#
+# Environment: PYTHON (default python3), DEVICE (default cuda), STARTER_SUITE (default starter),
+# STARTER_TIMEOUT (seconds per run, default 3600), STARTER_SEEDS (default "0 1"), STARTER_SETS
+# (extra --set overrides for the starter runs, default below), JOBS (runs at once, default 5).
+set -uo pipefail
+OUT=${1:-runs/gpu-check}
+PHASES=${2:-smoke,steps,starter}
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}
+METHODS=(sft grpo sdpo sdpo-cot stable-sdpo)
+# fp32 weights: the starter's learning rates (GRPO 1e-6) are below bf16's resolution, so runs
+# with bf16 weights would not learn. Evaluation batch 100: one generate call per column.
+STARTER_SETS=${STARTER_SETS:-"model.dtype=float32 protocol.decoding.batch_size=100"}
+mkdir -p "$OUT"
+export COLUMNS=${COLUMNS:-200}  # wide tables in logs
+
+clbench() { "$PY" -m clbench.cli "$@"; }
+
+status_of() {  # status and wall time of a run directory, from its results.json
+    "$PY" - "$1" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1] + "/results.json"))
+    c = r["compute"]
+    print(r["status"], f"{c['wall_time_s']:.0f}s", f"peak {c.get('peak_memory_bytes') or 0:.3g}B",
+          r.get("error") or "")
+except FileNotFoundError:
+    print("no results")
+EOF
+}
+
+"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
+
+if [[ $PHASES == *smoke* ]]; then
+    echo "== smoke suite on $DEVICE, every method"
+    for m in "${METHODS[@]}"; do
+        OMP_NUM_THREADS=1 clbench run --suite smoke --method "$m" --device "$DEVICE" \
+            --out "$OUT/smoke/$m" >"$OUT/smoke-$m.log" 2>&1 &
+    done
+    wait
+    for m in "${METHODS[@]}"; do echo "smoke $m: $(status_of "$OUT/smoke/$m")"; done
+fi
+
+if [[ $PHASES == *steps* ]]; then
+    for dtype in bfloat16 float32; do
+        echo "== seconds per step, embedded model, $dtype on $DEVICE"
+        "$PY" benchmarks/step_time.py --device "$DEVICE" --dtype "$dtype" --steps 3 \
+            | tee "$OUT/steps-$dtype.md"
+    done
+fi
+
+if [[ $PHASES == *starter* ]]; then
+    echo "== starter grid on $DEVICE (${STARTER_SETS})"
+    sets=()
+    for s in $STARTER_SETS; do sets+=(--set "$s"); done
+    started=$(date +%s)
+    # Ten runs at once overflowed 140 GB (each process caches 12-23 GB) and three runs died of
+    # out-of-memory errors; five at a time, with expandable segments against fragmentation.
+    export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+    for m in "${METHODS[@]}"; do
+        for seed in ${STARTER_SEEDS:-0 1}; do
+            while (( $(jobs -rp | wc -l) >= ${JOBS:-5} )); do wait -n; done
+            OMP_NUM_THREADS=1 timeout "${STARTER_TIMEOUT:-3600}" "$PY" -m clbench.cli run --suite "${STARTER_SUITE:-starter}" \
+                --method "$m" --seed "$seed" --device "$DEVICE" --resume "${sets[@]}" \
+                --out "$OUT/starter/$m/s$seed" >"$OUT/starter-$m-s$seed.log" 2>&1 &
+        done
+    done
+    wait
+    echo "grid wall time: $(( $(date +%s) - started ))s"
+    for d in "$OUT"/starter/*/s*; do echo "$d: $(status_of "$d")"; done
+    clbench report "$OUT"/starter/*/s* | tee "$OUT/starter-report.txt"
+    clbench report --json "$OUT"/starter/*/s* >"$OUT/starter-report.json"
+fi
