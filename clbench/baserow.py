@@ -29,7 +29,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_write_json, file_lock
 from clbench.evaluation import records_path
@@ -97,24 +97,52 @@ def load_or_compute(key: str, column_names: Sequence[str], run_dir: Path,
                     ) -> tuple[list[Cell | None], bool]:
     """Row 0 from the cache (records copied into `run_dir`), else `compute()` and cache it.
 
-    `compute` must write the row's per-item records into `run_dir` (as `evaluate_row` does).
-    Returns the cells and whether they came from the cache.
+    `compute` must write the row's per-item records into `run_dir` (as `evaluate_row` does). The
+    lock is held while computing, so concurrent runs of one key compute it once. Returns the
+    cells and whether they came from the cache.
     """
     root = root or cache_dir()
-    entry = root / key
-    root.mkdir(parents=True, exist_ok=True)
-    with file_lock(root / f".{key}.lock"):
-        cached = _read(entry, column_names)
+    with _locked(root, key):
+        cached = lookup(key, column_names, run_dir, root, locked=True)
         if cached is not None:
-            for name in column_names:
-                src = entry / "items" / f"{name}.jsonl"
-                dst = records_path(run_dir, 0, name)
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
             return cached, True
         cells = compute()
-        _store(entry, column_names, cells, run_dir)
+        store(key, column_names, cells, run_dir, root, locked=True)
         return cells, False
+
+
+def lookup(key: str, column_names: Sequence[str], run_dir: Path, root: Path | None = None,
+           locked: bool = False) -> list[Cell | None] | None:
+    """The cached row of `key` with its records copied into `run_dir`, or None."""
+    root = root or cache_dir()
+    if not locked:
+        with _locked(root, key):
+            return lookup(key, column_names, run_dir, root, locked=True)
+    entry = root / key
+    cached = _read(entry, column_names)
+    if cached is not None:
+        for name in column_names:
+            dst = records_path(run_dir, 0, name)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(entry / "items" / f"{name}.jsonl", dst)
+    return cached
+
+
+def store(key: str, column_names: Sequence[str], cells: Sequence[Cell | None], run_dir: Path,
+          root: Path | None = None, locked: bool = False) -> None:
+    """Cache a row computed into `run_dir` (kept as it is when another run stored it first)."""
+    root = root or cache_dir()
+    if not locked:
+        with _locked(root, key):
+            return store(key, column_names, cells, run_dir, root, locked=True)
+    if _read(root / key, column_names) is None:
+        _store(root / key, column_names, cells, run_dir)
+    return None
+
+
+def _locked(root: Path, key: str) -> Any:
+    root.mkdir(parents=True, exist_ok=True)
+    return file_lock(root / f".{key}.lock")
 
 
 def _read(entry: Path, column_names: Sequence[str]) -> list[Cell | None] | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -29,8 +30,12 @@ _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
 def stdout_console() -> Console:
-    """A console on the current stdout (click's test runner swaps it, so build it per call)."""
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    """A console on the current stdout (click's test runner swaps it, so build it per call).
+
+    Under a multi-process launch (accelerate, torchrun) only the main process prints; the rank
+    is read from the launcher's environment here so that the CLI does not import torch."""
+    quiet = (os.environ.get("RANK") or "0") != "0"
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False, quiet=quiet)
 
 
 def stderr_console() -> Console:

@@ -15,6 +15,11 @@ so a run killed at any moment resumes from the last row on disk. Every stage re-
 from (run seed, stage index), so a resumed run draws exactly the numbers an uninterrupted run
 draws and, on CPU, ends with a bit-identical R.
 
+Launched as several processes (accelerate, torchrun), every process runs this loop on its share
+of the work (:mod:`clbench.engine.distributed`): training is data-parallel, each column's items are
+split over the processes and their records gathered in item order, lm-eval probes run on the
+main process. Only the main process writes files, logs and prints; a barrier follows each write.
+
 `sweep` (a grid of methods x seeds) closes the module; tables live in :mod:`clbench.reporting`.
 """
 
@@ -38,7 +43,7 @@ from clbench import baserow, registry
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
 from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, records_path, \
-    write_records
+    summarise_cell, write_records
 from clbench.metrics.continual import compute_metrics
 from clbench.reporting import collect_results, comparison, print_comparison, print_summary
 from clbench.results import (
@@ -57,6 +62,7 @@ if TYPE_CHECKING:
     import torch
 
     from clbench.engine.api import Method
+    from clbench.engine.distributed import Distributed
     from clbench.tasks.base import Example, TaskSource
 
 log = logging.getLogger("clbench.protocol")
@@ -217,27 +223,49 @@ def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
 
 
 def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
-                 run: RunSpec, run_dir: Path, progress: Progress) -> list[CellResult]:
-    """Evaluate every column with the model as it is now; save the items of each cell."""
+                 run: RunSpec, run_dir: Path, progress: Progress,
+                 dist: Distributed | None = None) -> list[CellResult]:
+    """Evaluate every column with the model as it is now; save the items of each cell.
+
+    With several processes each grades a contiguous share of a column's items; the records are
+    gathered in item order and every process computes the same cell. lm-eval probes run on the
+    main process (the others wait for its cell). Only the main process writes records.
+    """
     decoding = run.suite.protocol.decoding
     generate = make_generate_fn(model, tokenizer, decoding, seed=derive_seed(run.seed, row, "eval"))
+    world = dist.num_processes if dist is not None else 1
+    main = dist is None or dist.is_main
+    boot = run.suite.protocol.bootstrap_samples
     cells = []
     for plan in plans:
         boot_seed = derive_seed("bootstrap", plan.name, row)
         if plan.task is not None:
-            cell = evaluate_column(plan.name, plan.task, plan.examples, generate,
-                                   batch_size=decoding.batch_size,
-                                   bootstrap_samples=run.suite.protocol.bootstrap_samples,
+            examples = plan.examples
+            if dist is not None and world > 1:
+                from clbench.engine.distributed import eval_share
+
+                share = eval_share(len(examples), dist.process_index, world)
+                examples = examples[share.start:share.stop]
+            cell = evaluate_column(plan.name, plan.task, examples, generate,
+                                   batch_size=decoding.batch_size, bootstrap_samples=boot,
                                    bootstrap_seed=boot_seed, progress=progress,
                                    description=f"row {row}: eval {plan.name}")
+            if dist is not None and world > 1:
+                cell = summarise_cell(plan.name, dist.gather(cell.records), boot, boot_seed)
         else:
-            from clbench.lmeval import run_probe
+            cell = None
+            if main:
+                from clbench.lmeval import run_probe
 
-            base = Path(run.suite_file).parent if run.suite_file else None
-            cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
-                             batch_size=decoding.batch_size, seed=run.seed,
-                             bootstrap_samples=run.suite.protocol.bootstrap_samples)
-        write_records(records_path(run_dir, row, plan.name), cell.records)
+                base = Path(run.suite_file).parent if run.suite_file else None
+                cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
+                                 batch_size=decoding.batch_size, seed=run.seed,
+                                 bootstrap_samples=boot)
+            if dist is not None:
+                cell = dist.broadcast(cell)
+            assert cell is not None
+        if main:
+            write_records(records_path(run_dir, row, plan.name), cell.records)
         log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
         cells.append(cell)
     return cells
@@ -245,16 +273,29 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
 
 def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
              run_dir: Path, progress: Progress, result: RunResult, console: Console,
-             ) -> list[Cell | None]:
+             dist: Distributed) -> list[Cell | None]:
     """Row 0: from the shared cache when an identical row was computed before, else evaluated
-    (and cached). The result records which, under `artifacts["base_row"]`."""
+    (and cached). The result records which, under `artifacts["base_row"]`.
+
+    One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
+    row once. Several processes of one run evaluate together, so the main process looks the row up
+    and tells the others (a lock held across a shared evaluation could deadlock).
+    """
     def compute() -> list[Cell | None]:
-        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress))
+        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, dist))
 
     if not run.reuse_base_row:
         return compute()
     key = baserow.base_row_key(run, plans, result)
-    cells, reused = baserow.load_or_compute(key, [p.name for p in plans], run_dir, compute)
+    names = [p.name for p in plans]
+    if dist.num_processes == 1:
+        cells, reused = baserow.load_or_compute(key, names, run_dir, compute)
+    else:
+        found = dist.broadcast(baserow.lookup(key, names, run_dir) if dist.is_main else None)
+        reused = found is not None
+        cells = found if found is not None else compute()
+        if dist.is_main and not reused:
+            baserow.store(key, names, cells, run_dir)
     result.artifacts["base_row"] = {"key": key, "reused": reused,
                                     "cache": str(baserow.cache_dir())}
     if reused:
@@ -296,10 +337,10 @@ def fill_metrics(result: RunResult, run: RunSpec) -> None:
 # The run
 # ---------------------------------------------------------------------------------------------
 
-def _progress(console: Console) -> Progress:
+def _progress(console: Console, disable: bool = False) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(),
                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, transient=True)
+                    TimeRemainingColumn(), console=console, transient=True, disable=disable)
 
 
 def _attach_log(run_dir: Path) -> logging.Handler:
@@ -328,30 +369,51 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
     method = registry.build_method(run.method)
     method_config = method.config.model_dump(mode="json")
     identity = run_identity(run, method_config)
+    dist = make_distributed(run)
+    if not dist.is_main:
+        console = Console(quiet=True)
     previous = check_run_dir(run_dir, identity, resume)
+    dist.wait()  # every process has looked at the directory before the main one writes to it
     if previous is not None and previous.status == "complete":
         console.print(f"[green]{run_dir} is already complete[/]")
         print_summary(console, previous)
         return previous
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run_dir / IDENTITY_FILE, identity)
-    handler = _attach_log(run_dir)
+    handler = None
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run_dir / IDENTITY_FILE, identity)
+        handler = _attach_log(run_dir)
+    dist.wait()
     try:
-        return _execute(run, run_dir, method, method_config, previous, console)
+        return _execute(run, run_dir, method, method_config, previous, console, dist)
     finally:
-        logging.getLogger("clbench").removeHandler(handler)
-        handler.close()
+        if handler is not None:
+            logging.getLogger("clbench").removeHandler(handler)
+            handler.close()
+
+
+def make_distributed(run: RunSpec) -> Distributed:
+    """The run's accelerator; refuses budgets that cannot be split over its processes."""
+    from clbench.engine.distributed import Distributed
+    from clbench.engine.optim import rank_share
+
+    dist = Distributed.create(run.device, run.model.dtype, run.model.mixed_precision)
+    for spec in run.suite.stages:  # before anything trains, not when the stage comes
+        rank_share(range(spec.budget.prompts_per_step), 0, dist.num_processes, spec.name)
+    return dist
 
 
 def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[str, Any],
-             previous: RunResult | None, console: Console) -> RunResult:
+             previous: RunResult | None, console: Console, dist: Distributed) -> RunResult:
     from clbench.engine.api import StageContext
-    from clbench.models import load_model, resolve_device
+    from clbench.models import load_model
 
     clock = _Clock()
-    device = resolve_device(run.device)
+    device, main = dist.device, dist.is_main
     seed_everything(derive_seed(run.seed, "init"))
-    model, tokenizer = load_model(run.model, device=device, seed=run.seed)
+    model, tokenizer = load_model(run.model, device=device, dtype=dist.precision.weights,
+                                  seed=run.seed)
+    train_model = dist.prepare_student(model)  # once per run: DDP keeps its buffers
     plans, stage_tasks = plan_columns(run)
     result = previous or new_result(run, method_config)
     result.status, result.error = "partial", None  # a failed run that is resumed is partial again
@@ -362,16 +424,18 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
         console.print(f"resuming after stage {done} of {len(run.suite.stages)}")
     result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                              "parameters": sum(p.numel() for p in model.parameters()),
-                             "device": str(device)}
+                             "device": str(device), **dist.describe()}
     stage = done
     try:
-        with _progress(console) as progress:
+        with _progress(console, disable=not main) as progress, dist.autocast():
             if not result.matrix:
                 seed_everything(derive_seed(run.seed, 0))
                 result.matrix.append(base_row(run, plans, model, tokenizer, run_dir, progress,
-                                              result, console))
+                                              result, console, dist))
                 result.row_labels.append("base")
-                write_results(run_dir / RESULTS_FILENAME, result)
+                if main:
+                    write_results(run_dir / RESULTS_FILENAME, result)
+                dist.wait()
             stages_bar = progress.add_task("stages", total=len(run.suite.stages), completed=done)
             for stage in range(done + 1, len(run.suite.stages) + 1):
                 spec = run.suite.stages[stage - 1]
@@ -389,16 +453,18 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                     model=model, tokenizer=tokenizer, task=task,
                     train_examples=task.examples("train", spec.task.seed, spec.task.train_size),
                     budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
-                    device=device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step)
+                    device=device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
+                    dist=dist, train_model=train_model)
                 ctx.work_dir.mkdir(parents=True, exist_ok=True)
                 report = method.train_stage(ctx)
                 progress.remove_task(steps_bar)
                 seed_everything(derive_seed(run.seed, stage, "eval"))
-                cells = evaluate_row(stage, plans, model, tokenizer, run, run_dir, progress)
-                atomic_write_json(run_dir / "stages" / f"stage{stage}.json", {
-                    "steps": report.steps, "counters": report.counters,
-                    "wall_time": report.wall_time, "extra": report.extra}, indent=None)
-                save_checkpoint(run_dir, stage, model, method)
+                cells = evaluate_row(stage, plans, model, tokenizer, run, run_dir, progress, dist)
+                if main:
+                    atomic_write_json(run_dir / "stages" / f"stage{stage}.json", {
+                        "steps": report.steps, "counters": report.counters,
+                        "wall_time": report.wall_time, "extra": report.extra}, indent=None)
+                    save_checkpoint(run_dir, stage, model, method)
                 result.stages.append(StageRecord(
                     index=stage, name=spec.name, summary=report.summary(),
                     counters=report.counters, wall_time=report.wall_time,
@@ -406,8 +472,10 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 result.matrix.append(to_cells(cells))
                 result.row_labels.append(f"after {spec.name}")
                 _account(result, clock.lap(), device)
-                write_results(run_dir / RESULTS_FILENAME, result)
-                prune_checkpoints(run_dir, stage)
+                if main:
+                    write_results(run_dir / RESULTS_FILENAME, result)
+                    prune_checkpoints(run_dir, stage)
+                dist.wait()
                 progress.advance(stages_bar)
                 log.info("stage %d (%s) done", stage, spec.name)
     except KeyboardInterrupt:
@@ -417,14 +485,17 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     except Exception as exc:
         result.status = "failed"
         result.error = f"stage {stage}: {type(exc).__name__}: {exc}"
-        write_results(run_dir / RESULTS_FILENAME, result)
+        if main:
+            write_results(run_dir / RESULTS_FILENAME, result)
         log.exception("run failed")
         raise
     result.status = "complete"
     fill_metrics(result, run)
     _account(result, clock.lap(), device)
-    write_results(run_dir / RESULTS_FILENAME, result)
-    shutil.rmtree(run_dir / "work", ignore_errors=True)
+    if main:
+        write_results(run_dir / RESULTS_FILENAME, result)
+        shutil.rmtree(run_dir / "work", ignore_errors=True)
+    dist.wait()
     print_summary(console, result)
     return result
 

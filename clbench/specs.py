@@ -152,6 +152,10 @@ class ModelSpec(Spec):
                       "default), a `tiny-*` test model, a hub id or a local path.")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         default="auto", description="`auto`: bf16 where the device supports it, else fp32.")
+    mixed_precision: bool = Field(
+        default=True, description="Keep fp32 master weights and autocast forwards to `dtype` "
+        "(when it is 16-bit); false stores the weights in `dtype` itself (half the memory, but "
+        "updates below its resolution are lost).")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag, commit).")
     trust_remote_code: bool = Field(default=False, description="Allow code from the model "
                                     "repository to run; only set for repositories you trust.")

@@ -70,7 +70,8 @@ class GRPOObjective(Objective):
     def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
              ) -> tuple[torch.Tensor, dict[str, float]]:
         cfg = self.config
-        current = batch.score(trainer.model, rows, grad=True, chunk_size=trainer.chunk_size)
+        current = batch.score(trainer.train_model, rows, grad=True,
+                              chunk_size=trainer.chunk_size)
         mask = current.mask
         old = batch.old_or_detached(rows, current.logprobs)
         adv = batch.extra["advantages"][rows.start:rows.stop]

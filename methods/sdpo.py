@@ -181,6 +181,12 @@ class SDPOObjective(Objective):
         supervised: torch.Tensor = batch.extra["supervised"]
         active = [i for i in rows if bool(supervised[i].any())]
         if not active:
+            if trainer.dist.num_processes > 1:
+                # Under DDP the backward of every rank must reach every parameter, or the ranks
+                # with supervised rows wait for this one forever: a zero-weighted forward does.
+                probe = batch.score(trainer.train_model, range(rows.start, rows.start + 1),
+                                    grad=True, chunk_size=trainer.chunk_size)
+                return probe.logprobs.sum() * 0.0, {}
             # Nothing to learn from in these rows: a loss that touches no parameter, so the
             # optimizer skips the step for them instead of applying decay-only updates.
             return torch.zeros((), requires_grad=True), {}
@@ -192,8 +198,8 @@ class SDPOObjective(Objective):
         common = {"temperature": batch.temperature, "chunk_size": trainer.chunk_size}
 
         if cfg.divergence == "sampled_token":
-            student = completion_logprobs(trainer.model, student_prompts, completions, grad=True,
-                                          **common)
+            student = completion_logprobs(trainer.train_model, student_prompts, completions,
+                                          grad=True, **common)
             student_logp = pad_to(student.logprobs, batch.length)
             teacher_logp = self._teacher_token_logprobs(teacher_prompts, completions, batch,
                                                         common)
@@ -201,7 +207,7 @@ class SDPOObjective(Objective):
                                                teacher_logp=teacher_logp)
         else:
             topk = cfg.topk if cfg.divergence == "topk" else None
-            student_d = completion_distributions(trainer.model, student_prompts, completions,
+            student_d = completion_distributions(trainer.train_model, student_prompts, completions,
                                                  topk=topk, grad=True, **common)
             started = time.perf_counter()
             with torch.no_grad():

@@ -4,6 +4,8 @@ Each optimizer step takes `prompts_per_step` items (the same item order as the o
 and minimises the mean negative log-likelihood of the reference response tokens, followed by the
 EOS token, given the chat prompt (loss on the assistant response only; the prompt is context).
 Same number of optimizer steps and prompts per step as the on-policy methods, so budgets compare.
+With several processes each rank trains on its share of the step's items (as the on-policy loop
+does), its loss a token mean over its share; gradients are averaged over the ranks.
 The reference code of the paper has no SFT baseline: this one is new to clbench.
 """
 
@@ -55,31 +57,40 @@ class SFT(Method):
         return prompt, response
 
     def train_stage(self, ctx: StageContext) -> StageReport:
-        cfg, budget, model = self.config, ctx.budget, ctx.model
+        with ctx.dist.autocast():
+            return self._train(ctx)
+
+    def _train(self, ctx: StageContext) -> StageReport:
+        cfg, budget, model, dist = self.config, ctx.budget, ctx.model, ctx.dist
         lr = stage_lr(cfg, budget)
-        optimizer = build_optimizer(model, cfg, lr)
+        optimizer = dist.prepare_optimizer(build_optimizer(model, cfg, lr))
         scheduler = build_scheduler(optimizer, cfg, budget.steps)
         clock, counters, report = PhaseClock(), Counters(), StageReport()
         for step in range(budget.steps):
             started = time.perf_counter()
-            examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed)
+            examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed,
+                                     rank=dist.process_index, world=dist.num_processes,
+                                     stage=ctx.stage_name)
             pairs = [self.encode(ctx, e) for e in examples]
             normalizer = sum(len(r) for _, r in pairs)
             size = cfg.micro_batch_size or len(pairs)
             model.train()
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
+            starts = range(0, len(pairs), size)
             with clock.phase("backward"):
-                for s in range(0, len(pairs), size):
+                for s in starts:
                     part = pairs[s:s + size]
-                    scored = completion_logprobs(model, [p for p, _ in part],
-                                                 [r for _, r in part], grad=True)
-                    loss = -token_mean(scored.logprobs, scored.mask, normalizer)
-                    loss.backward()
+                    # Only the last micro-batch all-reduces gradients (several processes).
+                    with dist.no_sync(ctx.train_model, sync=s == starts[-1]):
+                        scored = completion_logprobs(ctx.train_model, [p for p, _ in part],
+                                                     [r for _, r in part], grad=True)
+                        loss = -token_mean(scored.logprobs, scored.mask, normalizer)
+                        dist.backward(loss)
                     total += float(loss.detach())
             with clock.phase("step"):
                 grad_norm, current_lr = optimizer_step(model, optimizer, scheduler,
-                                                       cfg.max_grad_norm)
+                                                       cfg.max_grad_norm, dist)
             model.eval()
             counters.add("trained_tokens", normalizer)
             counters.add("prompts", len(pairs))
@@ -88,9 +99,10 @@ class SFT(Method):
                       "supervised_token_fraction": 1.0,
                       "response_tokens_mean": normalizer / len(pairs),
                       "seconds": time.perf_counter() - started}
+            record = dist.mean_record(record)
             report.steps.append(record)
             ctx.log_step(record)
-        report.counters = dict(counters.values)
+        report.counters = dist.sum_counts(counters.values)
         report.wall_time = clock.snapshot()
         report.extra["lr"] = lr
         return report

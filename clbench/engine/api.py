@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # heavy imports only for type checkers
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from clbench.engine.distributed import Distributed
     from clbench.specs import Budget
     from clbench.tasks.base import Example, TaskSource
 
@@ -31,7 +32,14 @@ class MethodConfig(BaseModel):
 
 @dataclass
 class StageContext:
-    """Everything a method needs to train one stage."""
+    """Everything a method needs to train one stage.
+
+    `model` is the plain student: generate, copy teachers and score without gradient with it.
+    Training forwards go through `train_model`, the same weights prepared by `dist` (DDP-wrapped
+    when several processes train), so that their gradients are averaged over the processes;
+    `dist` also has rank, barriers, the sharding of a step's prompts and the autocast context.
+    Both default to a single process training `model` as stored (no autocast).
+    """
 
     model: PreTrainedModel                 # the student, trained in place
     tokenizer: PreTrainedTokenizerBase
@@ -44,6 +52,16 @@ class StageContext:
     device: torch.device
     work_dir: Path                         # scratch space for this stage inside the run dir
     log_step: Callable[[dict[str, Any]], None] = lambda record: None  # per-step metrics sink
+    dist: Distributed | None = None        # the run's accelerator (one process when not given)
+    train_model: torch.nn.Module | None = None  # `model` prepared by `dist` for training
+
+    def __post_init__(self) -> None:
+        if self.dist is None:
+            from clbench.engine.distributed import Distributed
+
+            self.dist = Distributed.for_model(self.model, self.device)
+        if self.train_model is None:
+            self.train_model = self.dist.prepare_student(self.model)
 
 
 @dataclass

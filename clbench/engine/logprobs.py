@@ -15,6 +15,9 @@ chunk is recomputed in the backward pass (activation checkpointing) so the full 
 never live at once; `micro_batch_size` bounds the rows of one transformer forward.
 
 Returned tensors are float32, padded positions hold 0 and are False in `mask`.
+
+`model` is a causal LM, or the prepared student (`StageContext.train_model`): then the forward
+goes through it, so that DDP all-reduces the gradients, and the projection uses the LM inside.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+
+from clbench.engine.distributed import is_prepared, unwrap
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -170,16 +175,20 @@ def _row_slices(packed: PackedBatch, micro_batch_size: int | None) -> list[Packe
 
 def _hidden_states(model: PreTrainedModel, rows: PackedBatch) -> torch.Tensor:
     """Final hidden states at the positions that predict completion tokens: [b, T, d]."""
-    decoder = model.get_decoder()
-    out = decoder(input_ids=rows.input_ids, attention_mask=rows.attention_mask,
-                  position_ids=rows.position_ids, use_cache=False)
+    inputs = {"input_ids": rows.input_ids, "attention_mask": rows.attention_mask,
+              "position_ids": rows.position_ids, "use_cache": False}
+    if is_prepared(model):
+        hidden = model(hidden_only=True, **inputs)
+    else:
+        hidden = model.get_decoder()(**inputs).last_hidden_state
     p, t = rows.prompt_width, rows.completion_ids.shape[1]
-    return out.last_hidden_state[:, p - 1:p - 1 + t]
+    return hidden[:, p - 1:p - 1 + t]
 
 
 def _chunk_logprobs(model: PreTrainedModel, hidden: torch.Tensor, temperature: float
                     ) -> torch.Tensor:
     """log-softmax over the vocabulary of one chunk of positions, in float32."""
+    model = unwrap(model)
     logits = model.get_output_embeddings()(hidden).float()
     cap = getattr(model.config, "final_logit_softcapping", None)
     if cap:  # models that squash logits (Gemma 2) must be scored as they generate

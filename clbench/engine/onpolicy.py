@@ -12,6 +12,14 @@ One stage = `budget.steps` optimizer steps. Every `inner_updates` steps a fresh 
 The objective (:class:`Objective`) sees the batch and returns a loss; everything else (sampling,
 grading, counters, per-phase wall time, per-step records, lr schedule) lives here, so methods
 differ in their objective and teacher, not in plumbing.
+
+Several processes (`ctx.dist`): every rank draws the step's prompts and keeps its own share
+(whole prompts with all their samples), samples with its own seed, and computes its loss as a
+token mean over its own rollouts; DDP then averages the gradients over the ranks, so the step
+minimises the mean of the per-rank token means. Micro-batches accumulate without communication;
+only the last one all-reduces. Step records are averaged over the ranks, counters summed.
+Objectives compute training forwards with `trainer.train_model` (the prepared student) and
+everything without gradient with `trainer.model`.
 """
 
 from __future__ import annotations
@@ -28,7 +36,8 @@ from pydantic import Field
 from clbench.engine.api import Method, StageReport
 from clbench.engine.logprobs import TokenLogprobs, completion_logprobs, pack_batch
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
-                                  build_scheduler, optimizer_step, stage_lr, step_examples)
+                                  build_scheduler, optimizer_step, rank_share, stage_lr,
+                                  step_examples)
 from clbench.engine.rollout import Generator, HFGenerator, Rollout, SamplingParams
 from clbench.tasks.base import Example, Grade
 
@@ -89,7 +98,8 @@ class RolloutBatch:
 
     def score(self, model: torch.nn.Module, rows: range, grad: bool,
               chunk_size: int = 128) -> TokenLogprobs:
-        """Log-probs of rows' completions under their own prompts, padded to the batch's T."""
+        """Log-probs of rows' completions under their own prompts, padded to the batch's T.
+        Pass `trainer.train_model` when `grad` is set, so the gradients are synchronised."""
         scored = completion_logprobs(model, self.prompt_ids(rows), self.completion_ids(rows),
                                      grad=grad, temperature=self.temperature,
                                      chunk_size=chunk_size)
@@ -154,7 +164,9 @@ class OnPolicyTrainer:
         if inner_updates < 1:
             raise ValueError(f"inner_updates must be >= 1, got {inner_updates}")
         self.ctx = ctx
-        self.model = ctx.model
+        self.dist = ctx.dist
+        self.model = ctx.model              # plain student: generation, copies, no-grad scoring
+        self.train_model = ctx.train_model  # prepared student: forwards whose gradients count
         self.objective = objective
         self.settings = settings
         self.inner_updates = inner_updates
@@ -162,13 +174,16 @@ class OnPolicyTrainer:
         self.chunk_size = chunk_size
         self.stop = stop
         budget = ctx.budget
-        rollouts_per_batch = budget.prompts_per_step * budget.samples_per_prompt
+        world = self.dist.num_processes
+        local_prompts = len(rank_share(range(budget.prompts_per_step), 0, world, ctx.stage_name))
+        rollouts_per_batch = local_prompts * budget.samples_per_prompt
         self.generator = generator or HFGenerator(
             ctx.model, ctx.tokenizer, batch_size=generation_batch_size or rollouts_per_batch)
         self.lr = stage_lr(settings, budget)
         self.clock = PhaseClock()
         self.counters = Counters()
-        self.optimizer = build_optimizer(self.model, settings, self.lr)
+        self.optimizer = self.dist.prepare_optimizer(build_optimizer(self.model, settings,
+                                                                     self.lr))
         self.scheduler = build_scheduler(self.optimizer, settings, budget.steps)
 
     # -- one batch -----------------------------------------------------------------------------
@@ -176,8 +191,12 @@ class OnPolicyTrainer:
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         """Sample, grade and score a fresh batch for optimizer step `step`."""
         ctx, budget = self.ctx, self.ctx.budget
-        examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed)
-        params = SamplingParams.from_budget(budget, seed=_mix(ctx.seed, step), stop=self.stop)
+        dist = self.dist
+        examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed,
+                                 rank=dist.process_index, world=dist.num_processes,
+                                 stage=ctx.stage_name)
+        params = SamplingParams.from_budget(budget, seed=_mix(ctx.seed, step, dist.process_index),
+                                            stop=self.stop)
         with self.clock.phase("generate"):
             rollouts = self.generator.generate([e.messages for e in examples], params)
         with self.clock.phase("grade"):
@@ -212,16 +231,23 @@ class OnPolicyTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
         sums: dict[str, float] = {}
+        parts = self.micro_batches(batch)
+        if self.dist.num_processes > 1 and \
+                self.dist.sum_int(self.objective.supervised_tokens(batch)) == 0:
+            # No rank has a token to learn from: skip the backward on every rank alike (one
+            # process skips it implicitly: its loss touches no parameter).
+            parts = []
         with self.clock.phase("backward"):
-            for rows in self.micro_batches(batch):
-                loss, stats = self.objective.loss(batch, rows, self)
-                loss.backward()
+            for i, rows in enumerate(parts):
+                with self.dist.no_sync(self.train_model, sync=i == len(parts) - 1):
+                    loss, stats = self.objective.loss(batch, rows, self)
+                    self.dist.backward(loss)
                 total_loss += float(loss.detach())
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         with self.clock.phase("step"):
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler,
-                                           self.settings.max_grad_norm)
+                                           self.settings.max_grad_norm, self.dist)
         self.model.eval()
         self.counters.add("trained_tokens", self.objective.supervised_tokens(batch))
         self.counters.add("optimizer_steps", 1)
@@ -231,6 +257,10 @@ class OnPolicyTrainer:
 
     def run(self) -> StageReport:
         """All optimizer steps of the stage; per-step records go to `ctx.log_step` too."""
+        with self.dist.autocast():
+            return self._run()
+
+    def _run(self) -> StageReport:
         report = StageReport()
         self.objective.on_stage_start(self)
         batch: RolloutBatch | None = None
@@ -245,9 +275,10 @@ class OnPolicyTrainer:
             record.update(batch_stats)
             record.update(self.objective.after_step(self, step))
             record["seconds"] = time.perf_counter() - started
+            record = self.dist.mean_record(record)
             report.steps.append(record)
             self.ctx.log_step(record)
-        report.counters = dict(self.counters.values)
+        report.counters = self.dist.sum_counts(self.counters.values)
         report.wall_time = self.clock.snapshot()
         report.extra["lr"] = self.lr
         self.objective.on_stage_end(self, report)
@@ -267,9 +298,13 @@ def batch_summary(batch: RolloutBatch) -> dict[str, float]:
     }
 
 
-def _mix(seed: int, step: int) -> int:
-    """A sampling seed per (run seed, step); different steps never share a seed."""
-    return (seed * 2_654_435_761 + step * 40_503 + 1) % (2**31 - 1)
+def _mix(seed: int, step: int, rank: int = 0) -> int:
+    """A sampling seed per (run seed, step, rank); different steps never share a seed, and
+    rank 0 samples what a single process samples."""
+    mixed = (seed * 2_654_435_761 + step * 40_503 + 1) % (2**31 - 1)
+    if rank:
+        mixed = (mixed * 1_000_003 + rank * 2_246_822_519) % (2**31 - 1)
+    return mixed
 
 
 class OnPolicyMethod(Method):

@@ -3,7 +3,8 @@
 - :class:`OptimizerSettings`: the optimizer fields of a method config (lr, weight decay, grad clip,
   warmup, schedule), with descriptions; method configs inherit it so the knobs read the same.
 - :func:`build_optimizer`, :func:`build_scheduler`, :func:`clip_gradients`, :func:`stage_lr`.
-- :func:`step_examples`: which training items each optimizer step uses (seeded, cycling).
+- :func:`step_examples`: which training items each optimizer step uses (seeded, cycling), and
+  with several processes which of them this rank trains on.
 - :class:`PhaseClock` and :class:`Counters`: wall time per phase and token counts of a stage.
 """
 
@@ -19,11 +20,13 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from pydantic import Field
 
 from clbench.engine.api import MethodConfig
+from clbench.errors import UserError
 from clbench.tasks.base import seeded_rng
 
 if TYPE_CHECKING:
     import torch
 
+    from clbench.engine.distributed import Distributed
     from clbench.specs import Budget
 
 T = TypeVar("T")
@@ -107,9 +110,17 @@ def clip_gradients(model: torch.nn.Module, max_norm: float | None) -> float:
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                   max_grad_norm: float | None) -> tuple[float, float]:
-    """Clip, step the optimizer and the schedule, clear gradients; return (grad norm, lr used)."""
-    grad_norm = clip_gradients(model, max_grad_norm)
+                   max_grad_norm: float | None, dist: Distributed | None = None
+                   ) -> tuple[float, float]:
+    """Clip, step the optimizer and the schedule, clear gradients; return (grad norm, lr used).
+
+    With `dist`, clipping goes through the accelerator (gradients are already averaged over the
+    processes, so every rank computes the same norm)."""
+    if dist is not None and max_grad_norm is not None:
+        params = [p for p in model.parameters() if p.grad is not None]
+        grad_norm = dist.clip_grad_norm(params, max_grad_norm) if params else 0.0
+    else:
+        grad_norm = clip_gradients(model, max_grad_norm)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()
@@ -117,11 +128,15 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sch
     return grad_norm, lr
 
 
-def step_examples(items: Sequence[T], per_step: int, step: int, seed: int) -> list[T]:
-    """The `per_step` items of optimizer step `step` (0-based).
+def step_examples(items: Sequence[T], per_step: int, step: int, seed: int, *,
+                  rank: int = 0, world: int = 1, stage: str = "") -> list[T]:
+    """The `per_step` items of optimizer step `step` (0-based), or this rank's share of them.
 
     Items are visited epoch by epoch, each epoch in its own seeded order, so every item is used
     once before any repeats; the same (items, per_step, step, seed) always gives the same list.
+    With `world` processes every rank draws the same list and keeps its contiguous
+    `per_step / world` items (:func:`rank_share`; a `per_step` that
+    does not divide is a UserError naming `stage`).
     """
     if not items:
         raise ValueError("the stage has no training items")
@@ -132,7 +147,24 @@ def step_examples(items: Sequence[T], per_step: int, step: int, seed: int) -> li
         order = list(range(n))
         seeded_rng("step_examples", seed, epoch).shuffle(order)
         out.append(items[order[offset]])
-    return out
+    return rank_share(out, rank, world, stage)
+
+
+def rank_share(items: Sequence[T], rank: int, world: int, stage: str = "") -> list[T]:
+    """This rank's contiguous share of a step's prompts; every rank gets the same number.
+
+    Whole prompts go to one rank, so all samples of a prompt (a GRPO group, an SDPO prompt's
+    siblings) live on the rank that owns it.
+    """
+    if world <= 1:
+        return list(items)
+    if len(items) % world:
+        where = f"stage {stage!r}: " if stage else ""
+        raise UserError(f"{where}prompts_per_step {len(items)} is not divisible by the "
+                        f"{world} processes; set prompts_per_step to a multiple of {world}")
+    per = len(items) // world
+    return list(items[rank * per:(rank + 1) * per])
+
 
 
 @dataclass
