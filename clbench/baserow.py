@@ -36,7 +36,7 @@ from clbench.evaluation import records_path
 from clbench.results import Cell
 
 if TYPE_CHECKING:
-    from clbench.protocol import ColumnPlan
+    from clbench.rows import ColumnPlan
     from clbench.results import RunResult
     from clbench.specs import RunSpec
 

@@ -20,15 +20,15 @@ of the work (:mod:`clbench.engine.distributed`): training is data-parallel, each
 split over the processes and their records gathered in item order, lm-eval probes run on the
 main process. Only the main process writes files, logs and prints; a barrier follows each write.
 
-`sweep` (a grid of methods x seeds) closes the module; tables live in :mod:`clbench.reporting`.
+The run directory's identity and checkpoints live in :mod:`clbench.rundir`, the columns and the
+evaluation of a row in :mod:`clbench.rows`, seeds in :mod:`clbench.seeding`. `sweep` (a grid of
+methods x seeds) closes this module; tables live in :mod:`clbench.reporting`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import random
 import shutil
 import time
 from collections.abc import Sequence
@@ -39,16 +39,13 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from clbench import baserow, registry
+from clbench import registry
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
-from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, records_path, \
-    summarise_cell, write_records
 from clbench.metrics.continual import compute_metrics
 from clbench.reporting import collect_results, comparison, print_comparison, print_summary
 from clbench.results import (
     RESULTS_FILENAME,
-    Cell,
     MetricValue,
     RunResult,
     StageRecord,
@@ -56,6 +53,16 @@ from clbench.results import (
     read_results,
     write_results,
 )
+from clbench.rows import base_row, evaluate_row, plan_columns, to_cells
+from clbench.rundir import (
+    IDENTITY_FILE,
+    check_run_dir,
+    load_checkpoint,
+    prune_checkpoints,
+    run_identity,
+    save_checkpoint,
+)
+from clbench.seeding import derive_seed, seed_everything
 from clbench.specs import RunSpec
 
 if TYPE_CHECKING:
@@ -63,16 +70,10 @@ if TYPE_CHECKING:
 
     from clbench.engine.api import Method
     from clbench.engine.distributed import Distributed
-    from clbench.tasks.base import Example, TaskSource
 
 log = logging.getLogger("clbench.protocol")
 
-IDENTITY_FILE = "run.json"
 LOWER_IS_BETTER = {"forgetting", "intransigence"}
-
-
-class RunDirError(UserError):
-    """The run directory holds something this run must not overwrite."""
 
 
 class RunInterrupted(UserError):
@@ -82,238 +83,8 @@ class RunInterrupted(UserError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Seeds
+# Metrics
 # ---------------------------------------------------------------------------------------------
-
-def derive_seed(*parts: Any) -> int:
-    """A 31-bit seed from a stable hash of `parts` (independent of PYTHONHASHSEED)."""
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "big") >> 1
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (all devices)."""
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def rng_states() -> dict[str, Any]:
-    import torch
-
-    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
-                              "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-# ---------------------------------------------------------------------------------------------
-# Run directory: identity and refusal
-# ---------------------------------------------------------------------------------------------
-
-def run_identity(run: RunSpec, method_config: dict[str, Any]) -> dict[str, Any]:
-    """What makes two runs the same run: suite content, method and config, model, seed."""
-    return {"suite": run.suite.name, "suite_hash": run.suite.content_hash(),
-            "method": run.method.name, "method_config": method_config,
-            "model": run.model.model_dump(mode="json"), "seed": run.seed}
-
-
-def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunResult | None:
-    """Refuse a directory of another run; return the existing result when resuming.
-
-    Fresh start: the directory must be absent or empty. Resume: it must hold this very run
-    (same suite hash, method config, model and seed) or be empty.
-    """
-    id_file = run_dir / IDENTITY_FILE
-    if not run_dir.exists() or not any(run_dir.iterdir()):
-        return None
-    if not id_file.is_file():
-        raise RunDirError(f"{run_dir} is not empty and holds no clbench run ({IDENTITY_FILE} "
-                          "missing); choose another --out")
-    found = json.loads(id_file.read_text(encoding="utf-8"))
-    diffs = [k for k in identity if found.get(k) != identity[k]]
-    if diffs:
-        detail = "; ".join(f"{k}: {_short(found.get(k))} there, {_short(identity[k])} now"
-                           for k in diffs)
-        raise RunDirError(f"{run_dir} holds another run ({detail}); choose another --out")
-    if not resume:
-        raise RunDirError(f"{run_dir} already holds this run; pass --resume to continue it (or "
-                          "print its results with `clbench report`), or choose another --out")
-    path = run_dir / RESULTS_FILENAME
-    return read_results(path) if path.is_file() else None
-
-
-def _short(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-# ---------------------------------------------------------------------------------------------
-# Checkpoints
-# ---------------------------------------------------------------------------------------------
-
-def save_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> Path:
-    """Write `checkpoints/stage{stage}` atomically (a temp folder renamed into place)."""
-    import torch
-    from safetensors.torch import save_model
-
-    final = run_dir / "checkpoints" / f"stage{stage}"
-    tmp = run_dir / "checkpoints" / f".stage{stage}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "student.safetensors"))
-    torch.save({"method": method.state_dict(), "rng": rng_states(), "stage": stage},
-               tmp / "state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    return final
-
-
-def load_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> None:
-    """Restore student weights and method state of `stage` (RNGs are re-seeded per stage)."""
-    import torch
-    from safetensors.torch import load_model
-
-    folder = run_dir / "checkpoints" / f"stage{stage}"
-    if not (folder / "state.pt").is_file():
-        raise RunDirError(f"{run_dir}: results say stage {stage} is done but its checkpoint "
-                          f"{folder} is missing; the run cannot be resumed")
-    load_model(model, str(folder / "student.safetensors"), device=str(model.device))
-    state = torch.load(folder / "state.pt", map_location=model.device, weights_only=False)
-    method.load_state_dict(state["method"])
-
-
-def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    for old in (run_dir / "checkpoints").glob("stage*"):
-        if old.name != f"stage{keep}":
-            shutil.rmtree(old, ignore_errors=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Columns and their evaluation
-# ---------------------------------------------------------------------------------------------
-
-class ColumnPlan:
-    """How one column is evaluated: a clbench task's eval items, or an lm-eval probe."""
-
-    def __init__(self, name: str, task: TaskSource | None = None,
-                 examples: Sequence[Example] = (), probe: Any = None) -> None:
-        self.name, self.task, self.examples, self.probe = name, task, list(examples), probe
-
-
-def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
-    """Eval plans of every column (stream tasks, then probes) and the stage task sources."""
-    suite = run.suite
-    plans, stage_tasks = [], []
-    for i, stage in enumerate(suite.stages):
-        task = registry.build_task(stage.task, where=f"stages[{i}].task.params")
-        stage_tasks.append(task)
-        size = stage.task.eval_size or suite.protocol.eval_size
-        plans.append(ColumnPlan(stage.name, task, task.examples("eval", stage.task.seed, size)))
-    for i, probe in enumerate(suite.probes):
-        if probe.task is not None:
-            task = registry.build_task(probe.task, where=f"probes[{i}].task.params")
-            size = probe.task.eval_size or suite.protocol.eval_size
-            plans.append(ColumnPlan(probe.name, task, task.examples("eval", probe.task.seed, size)))
-        else:
-            plans.append(ColumnPlan(probe.name, probe=probe.lm_eval))
-    return plans, stage_tasks
-
-
-def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
-                 run: RunSpec, run_dir: Path, progress: Progress,
-                 dist: Distributed | None = None) -> list[CellResult]:
-    """Evaluate every column with the model as it is now; save the items of each cell.
-
-    With several processes each grades a contiguous share of a column's items; the records are
-    gathered in item order and every process computes the same cell. lm-eval probes run on the
-    main process (the others wait for its cell). Only the main process writes records.
-    """
-    decoding = run.suite.protocol.decoding
-    generate = make_generate_fn(model, tokenizer, decoding, seed=derive_seed(run.seed, row, "eval"))
-    world = dist.num_processes if dist is not None else 1
-    main = dist is None or dist.is_main
-    boot = run.suite.protocol.bootstrap_samples
-    cells = []
-    for plan in plans:
-        boot_seed = derive_seed("bootstrap", plan.name, row)
-        if plan.task is not None:
-            examples = plan.examples
-            if dist is not None and world > 1:
-                from clbench.engine.distributed import eval_share
-
-                share = eval_share(len(examples), dist.process_index, world)
-                examples = examples[share.start:share.stop]
-            cell = evaluate_column(plan.name, plan.task, examples, generate,
-                                   batch_size=decoding.batch_size, bootstrap_samples=boot,
-                                   bootstrap_seed=boot_seed, progress=progress,
-                                   description=f"row {row}: eval {plan.name}")
-            if dist is not None and world > 1:
-                cell = summarise_cell(plan.name, dist.gather(cell.records), boot, boot_seed)
-        else:
-            cell = None
-            if main:
-                from clbench.lmeval import run_probe
-
-                base = Path(run.suite_file).parent if run.suite_file else None
-                cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
-                                 batch_size=decoding.batch_size, seed=run.seed,
-                                 bootstrap_samples=boot)
-            if dist is not None:
-                cell = dist.broadcast(cell)
-            assert cell is not None
-        if main:
-            write_records(records_path(run_dir, row, plan.name), cell.records)
-        log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
-        cells.append(cell)
-    return cells
-
-
-def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
-             run_dir: Path, progress: Progress, result: RunResult, console: Console,
-             dist: Distributed) -> list[Cell | None]:
-    """Row 0: from the shared cache when an identical row was computed before, else evaluated
-    (and cached). The result records which, under `artifacts["base_row"]`.
-
-    One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
-    row once. Several processes of one run evaluate together, so the main process looks the row up
-    and tells the others (a lock held across a shared evaluation could deadlock).
-    """
-    def compute() -> list[Cell | None]:
-        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, dist))
-
-    if not run.reuse_base_row:
-        return compute()
-    key = baserow.base_row_key(run, plans, result)
-    names = [p.name for p in plans]
-    if dist.num_processes == 1:
-        cells, reused = baserow.load_or_compute(key, names, run_dir, compute)
-    else:
-        found = dist.broadcast(baserow.lookup(key, names, run_dir) if dist.is_main else None)
-        reused = found is not None
-        cells = found if found is not None else compute()
-        if dist.is_main and not reused:
-            baserow.store(key, names, cells, run_dir)
-    result.artifacts["base_row"] = {"key": key, "reused": reused,
-                                    "cache": str(baserow.cache_dir())}
-    if reused:
-        log.info("row 0 taken from the base-row cache (key %s)", key)
-        console.print(f"row 0 (base model): reused from {baserow.cache_dir() / key}")
-    return cells
-
-
-def to_cells(cells: Sequence[CellResult]) -> list[Cell | None]:
-    out: list[Cell | None] = []
-    for c in cells:
-        if c.score is None:
-            out.append(None)
-            continue
-        iv = c.interval or {}
-        out.append(Cell(score=c.score, n=c.n, ci_low=iv.get("low"), ci_high=iv.get("high")))
-    return out
-
 
 def fill_metrics(result: RunResult, run: RunSpec) -> None:
     """Compute the protocol's metrics from R (with per-stage values and undefined-notes)."""

@@ -13,7 +13,7 @@ from clbench.results import Cell, read_results
 
 def _key(suite: Path, seed: int = 0, model: str | None = "org/some-model",
          sets: tuple[str, ...] = (), resolved: dict | None = None) -> str:
-    from clbench.protocol import plan_columns
+    from clbench.rows import plan_columns
     from clbench.suites import build_run_spec
 
     with registry.extra_plugins(**PLUGINS):

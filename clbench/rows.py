@@ -1,0 +1,150 @@
+"""The columns of R and the evaluation of one row.
+
+A column is a stream task's or a probe's evaluation items (or an lm-eval probe); a row is every
+column scored with the model as it is after a stage. Every method is evaluated by this same code
+path, with per-item records saved beside the results. Row 0 goes through the base-row cache
+(:mod:`clbench.baserow`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import Progress
+
+from clbench import baserow, registry
+from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, records_path, \
+    summarise_cell, write_records
+from clbench.results import Cell, RunResult
+from clbench.seeding import derive_seed
+from clbench.specs import RunSpec
+
+if TYPE_CHECKING:
+    from clbench.engine.distributed import Distributed
+    from clbench.tasks.base import Example, TaskSource
+
+log = logging.getLogger("clbench.rows")
+
+
+class ColumnPlan:
+    """How one column is evaluated: a clbench task's eval items, or an lm-eval probe."""
+
+    def __init__(self, name: str, task: TaskSource | None = None,
+                 examples: Sequence[Example] = (), probe: Any = None) -> None:
+        self.name, self.task, self.examples, self.probe = name, task, list(examples), probe
+
+
+def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
+    """Eval plans of every column (stream tasks, then probes) and the stage task sources."""
+    suite = run.suite
+    plans, stage_tasks = [], []
+    for i, stage in enumerate(suite.stages):
+        task = registry.build_task(stage.task, where=f"stages[{i}].task.params")
+        stage_tasks.append(task)
+        size = stage.task.eval_size or suite.protocol.eval_size
+        plans.append(ColumnPlan(stage.name, task, task.examples("eval", stage.task.seed, size)))
+    for i, probe in enumerate(suite.probes):
+        if probe.task is not None:
+            task = registry.build_task(probe.task, where=f"probes[{i}].task.params")
+            size = probe.task.eval_size or suite.protocol.eval_size
+            plans.append(ColumnPlan(probe.name, task, task.examples("eval", probe.task.seed, size)))
+        else:
+            plans.append(ColumnPlan(probe.name, probe=probe.lm_eval))
+    return plans, stage_tasks
+
+
+def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
+                 run: RunSpec, run_dir: Path, progress: Progress,
+                 dist: Distributed | None = None) -> list[CellResult]:
+    """Evaluate every column with the model as it is now; save the items of each cell.
+
+    With several processes each grades a contiguous share of a column's items; the records are
+    gathered in item order and every process computes the same cell. lm-eval probes run on the
+    main process (the others wait for its cell). Only the main process writes records.
+    """
+    decoding = run.suite.protocol.decoding
+    generate = make_generate_fn(model, tokenizer, decoding, seed=derive_seed(run.seed, row, "eval"))
+    world = dist.num_processes if dist is not None else 1
+    main = dist is None or dist.is_main
+    boot = run.suite.protocol.bootstrap_samples
+    cells = []
+    for plan in plans:
+        boot_seed = derive_seed("bootstrap", plan.name, row)
+        if plan.task is not None:
+            examples = plan.examples
+            if dist is not None and world > 1:
+                from clbench.engine.distributed import eval_share
+
+                share = eval_share(len(examples), dist.process_index, world)
+                examples = examples[share.start:share.stop]
+            cell = evaluate_column(plan.name, plan.task, examples, generate,
+                                   batch_size=decoding.batch_size, bootstrap_samples=boot,
+                                   bootstrap_seed=boot_seed, progress=progress,
+                                   description=f"row {row}: eval {plan.name}")
+            if dist is not None and world > 1:
+                cell = summarise_cell(plan.name, dist.gather(cell.records), boot, boot_seed)
+        else:
+            cell = None
+            if main:
+                from clbench.lmeval import run_probe
+
+                base = Path(run.suite_file).parent if run.suite_file else None
+                cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
+                                 batch_size=decoding.batch_size, seed=run.seed,
+                                 bootstrap_samples=boot)
+            if dist is not None:
+                cell = dist.broadcast(cell)
+            assert cell is not None
+        if main:
+            write_records(records_path(run_dir, row, plan.name), cell.records)
+        log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
+        cells.append(cell)
+    return cells
+
+
+def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
+             run_dir: Path, progress: Progress, result: RunResult, console: Console,
+             dist: Distributed) -> list[Cell | None]:
+    """Row 0: from the shared cache when an identical row was computed before, else evaluated
+    (and cached). The result records which, under `artifacts["base_row"]`.
+
+    One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
+    row once. Several processes of one run evaluate together, so the main process looks the row up
+    and tells the others (a lock held across a shared evaluation could deadlock).
+    """
+    def compute() -> list[Cell | None]:
+        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, dist))
+
+    if not run.reuse_base_row:
+        return compute()
+    key = baserow.base_row_key(run, plans, result)
+    names = [p.name for p in plans]
+    if dist.num_processes == 1:
+        cells, reused = baserow.load_or_compute(key, names, run_dir, compute)
+    else:
+        found = dist.broadcast(baserow.lookup(key, names, run_dir) if dist.is_main else None)
+        reused = found is not None
+        cells = found if found is not None else compute()
+        if dist.is_main and not reused:
+            baserow.store(key, names, cells, run_dir)
+    result.artifacts["base_row"] = {"key": key, "reused": reused,
+                                    "cache": str(baserow.cache_dir())}
+    if reused:
+        log.info("row 0 taken from the base-row cache (key %s)", key)
+        console.print(f"row 0 (base model): reused from {baserow.cache_dir() / key}")
+    return cells
+
+
+def to_cells(cells: Sequence[CellResult]) -> list[Cell | None]:
+    out: list[Cell | None] = []
+    for c in cells:
+        if c.score is None:
+            out.append(None)
+            continue
+        iv = c.interval or {}
+        out.append(Cell(score=c.score, n=c.n, ci_low=iv.get("low"), ci_high=iv.get("high")))
+    return out
