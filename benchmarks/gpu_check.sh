@@ -22,6 +22,8 @@ METHODS=(sft grpo sdpo sdpo-cot stable-sdpo)
 STARTER_SETS=${STARTER_SETS:-"model.dtype=float32 protocol.decoding.batch_size=100"}
 mkdir -p "$OUT"
 export COLUMNS=${COLUMNS:-200}  # wide tables in logs
+# a private base-row cache: a repeated check evaluates row 0 again instead of reusing an old one
+export CLBENCH_BASE_ROWS=${CLBENCH_BASE_ROWS:-$OUT/base-rows}
 
 clbench() { "$PY" -m clbench.cli "$@"; }
 

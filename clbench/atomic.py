@@ -1,5 +1,5 @@
-"""Atomic file writes (a reader sees the old file or the new one, never half of either) and an
-exclusive file lock for work that several processes may try to do at once.
+"""Atomic file and folder writes (a reader sees the old one or the new one, never half of either)
+and an exclusive file lock for work that several processes may try to do at once.
 
 Each write goes to a temporary file in the target's folder (same file system, so the final
 rename is atomic), is flushed and fsynced, then renamed over the target with `os.replace`; the
@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from collections.abc import Iterator
@@ -59,6 +60,36 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any, indent: int | Non
     """
     text = json.dumps(data, indent=indent, ensure_ascii=False, allow_nan=False)
     return atomic_write_text(path, text + "\n")
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Build a folder in a temporary folder beside `path`, then rename it into place.
+
+    The `with` block writes into the yielded folder. On success the folder is made readable by
+    everyone (a cache may be shared), an older `path` is replaced and the rename is fsynced; on
+    an error (Ctrl-C included) the temporary folder is removed and `path` is left as it was.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield tmp
+        _make_readable(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp makes folders 0700; files inside keep the process umask's mode."""
+    folder.chmod(0o755)
+    for item in folder.rglob("*"):
+        item.chmod(0o755 if item.is_dir() else 0o644)
 
 
 @contextlib.contextmanager

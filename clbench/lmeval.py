@@ -134,6 +134,18 @@ def prepared_tasks(probe: LmEvalProbe, base_dir: Path | None = None
         yield task, folders, task not in known
 
 
+def user_task_folders(probe: LmEvalProbe, base_dir: Path | None = None) -> list[Path]:
+    """The folders a probe brings besides the shipped one (a task YAML's folder, `include_path`),
+    resolved as :func:`prepared_tasks` resolves them."""
+    base = base_dir or Path.cwd()
+    folders = []
+    if probe.task.endswith((".yaml", ".yml")):
+        folders.append(_resolve(probe.task, base).parent)
+    if probe.include_path:
+        folders.append(_resolve(probe.include_path, base))
+    return folders
+
+
 def _resolve(path: str, base: Path) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() else (base / p).resolve()
@@ -145,11 +157,12 @@ def _resolve(path: str, base: Path) -> Path:
 
 def run_probe(column: str, model: Any, tokenizer: Any, probe: LmEvalProbe, *,
               batch_size: int = 8, base_dir: Path | None = None, seed: int = 0,
-              bootstrap_samples: int = 1000) -> CellResult:
+              bootstrap_samples: int = 1000, bootstrap_seed: int = 0) -> CellResult:
     """Score the in-memory model on one lm-eval task; one record per evaluated document.
 
     The score is the task's ``probe.metric`` (e.g. ``acc``); records carry the per-document
-    metric so the cell's bootstrap interval is over the same items as the score.
+    metric so the cell's bootstrap interval is over the same items as the score. `seed` seeds
+    lm-eval (few-shot sampling and the like), `bootstrap_seed` the interval.
     """
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -179,7 +192,7 @@ def run_probe(column: str, model: Any, tokenizer: Any, probe: LmEvalProbe, *,
         raise LmEvalProbeError(f"lm-eval task {task!r} has no metric {probe.metric!r}; it "
                                f"reports: {', '.join(metrics) or 'nothing'}")
     records = [_record(s, probe.metric) for s in out["samples"].get(task, [])]
-    cell = summarise_cell(column, records, bootstrap_samples, seed)
+    cell = summarise_cell(column, records, bootstrap_samples, bootstrap_seed)
     cell.source = "lm_eval"
     cell.score = float(results[key])  # lm-eval's own aggregate (not always a plain mean)
     cell.mean_reward = cell.score

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clbench.atomic import file_lock
+from clbench.atomic import atomic_dir, file_lock
 from clbench.specs import ModelSpec, SpecError
 
 if TYPE_CHECKING:
@@ -223,23 +221,9 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
     with file_lock(target.parent / f".{EMBEDDED_MODEL}.lock"):
         if (target / "config.json").is_file():  # another process finished while we waited
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_MODEL}-", dir=target.parent))
-        try:
+        with atomic_dir(target) as tmp:
             _materialise_gguf(gguf, tmp)
-            _make_readable(tmp)  # mkdtemp makes 0700; the cache is shared by every user
-            if target.exists():  # a stale, incomplete folder from an older layout
-                shutil.rmtree(target)
-            os.replace(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _make_readable(folder: Path) -> None:
-    folder.chmod(0o755)
-    for path in folder.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 def _materialise_gguf(gguf: Path, out_dir: Path) -> None:

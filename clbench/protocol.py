@@ -126,7 +126,7 @@ def _attach_log(run_dir: Path) -> logging.Handler:
 def execute(run: RunSpec, resume: bool = False, console: Console | None = None) -> RunResult:
     """Run (or resume) one suite x method x seed and return its result.
 
-    Raises :class:`RunDirError` for a directory of another run, :class:`RunInterrupted` on
+    Raises :class:`clbench.rundir.RunDirError` for a directory of another run, :class:`RunInterrupted` on
     Ctrl-C (after saving what is complete). A method that raises leaves a `failed` result.
     """
     console = console or Console()
@@ -308,8 +308,13 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
           reuse_base_row: bool = True, console: Console | None = None) -> dict[str, Any]:
     """Run methods x seeds into `out_root/<method>/s<seed>`: complete runs are skipped,
     partial ones resumed. Ends with the comparison table over seeds."""
+    from clbench.engine.distributed import launched_world_size
     from clbench.suites import build_run_spec
 
+    if launched_world_size() > 1:
+        # a run that fails on one process would leave the others waiting in a collective
+        raise UserError("clbench sweep cannot run under a multi-process launch; launch one "
+                        "`clbench run` per method and seed instead")
     console = console or Console()
     runs = [build_run_spec(suite_ref, m, seed=s, out_dir=Path(out_root) / m / f"s{s}",
                            overrides=overrides, model=model, device=device,

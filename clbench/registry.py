@@ -204,8 +204,15 @@ def _load_class(group: str, name: str) -> type:
         obj = ep.load()
     except Exception as exc:  # noqa: BLE001 - any failure of a plugin's import is reported
         reason = f"{type(exc).__name__}: {exc}"
+        # An entry point naming a module or class that is not there usually means the
+        # distribution's metadata is older than its code (an editable install after a move).
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        module = ep.value.split(":")[0]
+        stale = isinstance(exc, AttributeError) or bool(missing and module.startswith(missing))
+        hint = f"; if {dist} is installed in editable mode, reinstall it (pip install -e ...)" \
+            if stale else ""
         raise PluginError(f"{kind} {name!r} from distribution {dist} failed to import "
-                          f"({ep.value}): {reason}", reason=reason) from exc
+                          f"({ep.value}): {reason}{hint}", reason=reason) from exc
     expected = _base_class(group)
     if not (isinstance(obj, type) and issubclass(obj, expected)):
         reason = (f"{ep.value} is not a subclass of {expected.__module__}."

@@ -70,22 +70,24 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
     generate = make_generate_fn(model, tokenizer, decoding, seed=derive_seed(run.seed, row, "eval"))
     world = dist.num_processes if dist is not None else 1
     main = dist is None or dist.is_main
+    sharded = dist is not None and world > 1
     boot = run.suite.protocol.bootstrap_samples
     cells = []
     for plan in plans:
         boot_seed = derive_seed("bootstrap", plan.name, row)
         if plan.task is not None:
             examples = plan.examples
-            if dist is not None and world > 1:
+            if sharded:
                 from clbench.engine.distributed import eval_share
 
                 share = eval_share(len(examples), dist.process_index, world)
                 examples = examples[share.start:share.stop]
             cell = evaluate_column(plan.name, plan.task, examples, generate,
-                                   batch_size=decoding.batch_size, bootstrap_samples=boot,
+                                   batch_size=decoding.batch_size,
+                                   bootstrap_samples=0 if sharded else boot,  # after the gather
                                    bootstrap_seed=boot_seed, progress=progress,
                                    description=f"row {row}: eval {plan.name}")
-            if dist is not None and world > 1:
+            if sharded:
                 cell = summarise_cell(plan.name, dist.gather(cell.records), boot, boot_seed)
         else:
             cell = None
@@ -93,9 +95,12 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
                 from clbench.lmeval import run_probe
 
                 base = Path(run.suite_file).parent if run.suite_file else None
+                # Seeded per column, not per run: every run and row sees the same few-shot
+                # examples, so the base row is the same for every seed (clbench.baserow).
                 cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
-                                 batch_size=decoding.batch_size, seed=run.seed,
-                                 bootstrap_samples=boot)
+                                 batch_size=decoding.batch_size,
+                                 seed=derive_seed("lmeval", plan.name),
+                                 bootstrap_samples=boot, bootstrap_seed=boot_seed)
             if dist is not None:
                 cell = dist.broadcast(cell)
             assert cell is not None

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.atomic import atomic_dir
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 from clbench.seeding import rng_states
@@ -52,16 +53,29 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
         raise RunDirError(f"{run_dir} is not empty and holds no clbench run ({IDENTITY_FILE} "
                           "missing); choose another --out")
     found = json.loads(id_file.read_text(encoding="utf-8"))
-    diffs = [k for k in identity if found.get(k) != identity[k]]
+    diffs = _differences(found, identity)
     if diffs:
-        detail = "; ".join(f"{k}: {_short(found.get(k))} there, {_short(identity[k])} now"
-                           for k in diffs)
-        raise RunDirError(f"{run_dir} holds another run ({detail}); choose another --out")
+        detail = "; ".join(f"{path}: {_short(there)} there, {_short(now)} now"
+                           for path, there, now in diffs[:4])
+        more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
+        raise RunDirError(f"{run_dir} holds another run ({detail}{more}); choose another --out")
     if not resume:
         raise RunDirError(f"{run_dir} already holds this run; pass --resume to continue it (or "
                           "print its results with `clbench report`), or choose another --out")
     path = run_dir / RESULTS_FILENAME
     return read_results(path) if path.is_file() else None
+
+
+def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted path, value there, value now) of every leaf where `wanted` differs from `found`,
+    so a message names `model.mixed_precision`, not the whole model."""
+    if isinstance(found, dict) and isinstance(wanted, dict):
+        out = []
+        for key in wanted.keys() | found.keys():
+            sub = f"{path}.{key}" if path else str(key)
+            out += _differences(found.get(key, "(absent)"), wanted.get(key, "(absent)"), sub)
+        return sorted(out, key=lambda d: d[0])
+    return [] if found == wanted else [(path, found, wanted)]
 
 
 def _short(value: Any) -> str:
@@ -74,19 +88,15 @@ def _short(value: Any) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def save_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> Path:
-    """Write `checkpoints/stage{stage}` atomically (a temp folder renamed into place)."""
+    """Write `checkpoints/stage{stage}` atomically (:func:`clbench.atomic.atomic_dir`)."""
     import torch
     from safetensors.torch import save_model
 
     final = run_dir / "checkpoints" / f"stage{stage}"
-    tmp = run_dir / "checkpoints" / f".stage{stage}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "student.safetensors"))
-    torch.save({"method": method.state_dict(), "rng": rng_states(), "stage": stage},
-               tmp / "state.pt")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    with atomic_dir(final) as tmp:
+        save_model(model, str(tmp / "student.safetensors"))
+        torch.save({"method": method.state_dict(), "rng": rng_states(), "stage": stage},
+                   tmp / "state.pt")
     return final
 
 

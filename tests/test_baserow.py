@@ -43,6 +43,51 @@ def test_key_covers_what_row0_depends_on_and_nothing_else(tmp_path: Path) -> Non
     assert _key(suite, sets=sampled) != _key(suite, seed=1, sets=sampled)
 
 
+def test_key_follows_the_device_kind_the_weights_and_user_lm_eval_files(tmp_path: Path) -> None:
+    suite = write_suite(tmp_path)
+    on = {"dtype": "float32", "device": "cuda:0"}
+    assert _key(suite, resolved=on) == _key(suite, resolved={**on, "device": "cuda:1"})
+    assert _key(suite, resolved=on) != _key(suite, resolved={**on, "device": "cpu"})
+    # a local checkpoint retrained in place is another model
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"old weights")
+    before = _key(suite, model=str(ckpt))
+    (ckpt / "model.safetensors").write_bytes(b"new weights, longer")
+    assert _key(suite, model=str(ckpt)) != before
+    # an lm-eval probe is seeded per column, not per run; its user task files are hashed
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "mine.yaml").write_text("task: mine\n")
+    probe = SUITE.replace("protocol:", "  - name: general\n    kind: general\n"
+                          "    lm_eval: {task: mine, include_path: tasks}\nprotocol:")
+    with_probe = write_suite(tmp_path, probe)
+    first = _key(with_probe)
+    assert _key(with_probe, seed=1) == first
+    (tasks / "mine.yaml").write_text("task: mine\nnum_fewshot: 1\n")
+    assert _key(with_probe) != first
+
+
+def test_an_unusable_cache_is_a_miss_not_a_failure(tmp_path: Path) -> None:
+    def compute() -> list[Cell | None]:
+        path = tmp_path / "run" / "items" / "row0" / "a.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("{}\n")
+        return [Cell(score=1.0, n=1)]
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    cells, reused = baserow.load_or_compute("k", ["a"], tmp_path / "run", compute, blocked)
+    assert cells == [Cell(score=1.0, n=1)] and not reused
+    root = tmp_path / "cache"
+    baserow.load_or_compute("k", ["a"], tmp_path / "run", compute, root)
+    (root / "k" / "row.json").write_text("{damaged")
+    _, reused = baserow.load_or_compute("k", ["a"], tmp_path / "run", compute, root)
+    assert not reused
+    _, reused = baserow.load_or_compute("k", ["a"], tmp_path / "run", compute, root)
+    assert reused  # the damaged entry was replaced by the recomputed row
+
+
 def test_cache_computes_once_and_recovers_from_an_incomplete_entry(tmp_path: Path) -> None:
     calls = []
 

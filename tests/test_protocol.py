@@ -216,7 +216,8 @@ def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
     assert "holds another run (seed: 0 there, 1 now)" in other_seed.output.replace("\n", " ")
     other_cfg = run_cli(base + ["--method", "test.echo-sft", "--set", "method.lr=0.5",
                                 "--resume"])
-    assert other_cfg.exit_code == 2 and "method_config" in other_cfg.output
+    assert other_cfg.exit_code == 2
+    assert "method_config.lr: 0.03 there, 0.5 now" in other_cfg.output.replace("\n", " ")
     again = run_cli(base + ["--method", "test.echo-sft"])
     assert again.exit_code == 2 and "pass --resume" in again.output.replace("\n", " ")
     assert "Traceback" not in again.output
@@ -227,6 +228,16 @@ def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
     res = run_cli(base[:3] + ["--out", str(stranger), "--device", "cpu", "--method",
                            "test.echo-sft"])
     assert res.exit_code == 2 and "holds no clbench run" in res.output.replace("\n", " ")
+
+
+def test_sweep_refuses_a_multi_process_launch(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    suite = write_suite(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as accelerate launch / torchrun set it
+    res = run_cli(["sweep", "--suite", str(suite), "--methods", "test.echo-sft",
+                   "--out", str(tmp_path / "grid")])
+    assert res.exit_code == 2 and "multi-process launch" in res.output
+    assert not (tmp_path / "grid").exists()
 
 
 def test_sweep_skips_complete_runs_and_report_aggregates(tmp_path: Path) -> None:

@@ -102,6 +102,16 @@ def test_broken_import_fails_only_when_used() -> None:
                                "(broken_plugin.method:Broken): ModuleNotFoundError: No module named 'torchx'")
 
 
+def test_entry_point_of_a_moved_module_suggests_reinstalling() -> None:
+    moved = ModuleNotFoundError("No module named 'old_pkg.tasks'", name="old_pkg.tasks")
+    stale = StaticEntryPoint("stale", M, None, "old-pkg", error=moved,
+                             target_path="old_pkg.tasks:Thing")
+    with registry.using_entry_points(entries(stale)):
+        with pytest.raises(PluginError, match=r"if old-pkg is installed in editable mode, "
+                                              r"reinstall it \(pip install -e \.\.\.\)"):
+            registry.load_method_class("stale")
+
+
 def test_entry_point_must_name_the_right_kind_of_class() -> None:
     wrong = StaticEntryPoint("adder", M, FakeAddition, "confused-plugin")
     with registry.using_entry_points(entries(wrong)):
