@@ -1,0 +1,53 @@
+"""How likely the SDPO teacher is to stop right after a correct answer, against the student.
+
+Scores the reference solutions of the starter suite's math task under three contexts of the
+embedded model: the student's own prompt, the SDPO teacher prompt with that solution as the
+demonstration, and the teacher prompt with verifier feedback only. SDPO supervises the end-of-
+sequence token of every response, so a teacher that stops less often than the student trains the
+student to keep talking after its answer (docs/results-starter.md).
+
+    .venv/bin/python benchmarks/teacher_stop_probability.py [--items 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from clbench.engine.rollout import encode_chat
+from clbench.engine.teacher import build_teacher_messages
+from clbench.models import load_model
+from clbench.registry import build_task
+from clbench.specs import TaskSpec
+
+TASK = TaskSpec(source="math.arithmetic", params={"digits": 2, "operands": 2, "operators": "+"},
+                train_size=64)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=12)
+    args = parser.parse_args()
+    model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
+    examples = build_task(TASK).examples("train", TASK.seed, args.items)
+    contexts = {
+        "student prompt": lambda ex: ex.messages,
+        "teacher, demonstration": lambda ex: build_teacher_messages(ex.messages, ex.reference, None),
+        "teacher, feedback only": lambda ex: build_teacher_messages(
+            ex.messages, None, "Your answer 1 is wrong."),
+    }
+    for name, make in contexts.items():
+        probs = []
+        for ex in examples:
+            ids = encode_chat(tok, make(ex)) + tok(ex.reference, add_special_tokens=False)[
+                "input_ids"]
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0, -1].float()
+            probs.append(float(torch.softmax(logits, -1)[tok.eos_token_id]))
+        print(f"{name:24s} P(stop after the answer): mean {sum(probs) / len(probs):.3f}, "
+              f"min {min(probs):.3f} over {len(probs)} items")
+
+
+if __name__ == "__main__":
+    main()
