@@ -4,7 +4,8 @@ Per prompt, n rollouts are graded; each rollout's advantage is r - mean(group) (
 normalisation optional). Every completion token gets the clipped surrogate
 -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) with rho = p_new / p_old (dual clip optional),
 plus, when beta > 0, beta times the k3 estimate of KL to the model as it was at the stage's start.
-The loss is a token mean over the batch. Loss math: :mod:`clbench.engine.losses`; plumbing:
+The loss is a token mean over the step's completion tokens (over every rank's, with several
+processes). Loss math: :mod:`clbench.engine.losses`; plumbing:
 :mod:`clbench.engine.onpolicy`.
 """
 
@@ -16,7 +17,7 @@ from typing import ClassVar
 import torch
 from pydantic import Field
 
-from clbench.engine.losses import clipped_surrogate, group_advantages, kl_to_reference, token_mean
+from clbench.engine.losses import clipped_surrogate, group_advantages, kl_to_reference
 from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings, OnPolicyTrainer,
                                      RolloutBatch)
 
@@ -56,7 +57,6 @@ class GRPOObjective(Objective):
         advantages = group_advantages(batch.rewards, batch.group_size,
                                       scale_std=self.config.scale_rewards)
         batch.extra["advantages"] = advantages
-        batch.extra["normalizer"] = int(batch.completion_mask.sum())
         if self.reference is not None:
             parts = [batch.score(self.reference, rows, grad=False,
                                  chunk_size=trainer.chunk_size).logprobs
@@ -77,17 +77,17 @@ class GRPOObjective(Objective):
         adv = batch.extra["advantages"][rows.start:rows.stop]
         per_token = clipped_surrogate(current.logprobs, old, adv, mask, eps_low=cfg.eps_low,
                                       eps_high=cfg.eps_high, dual_clip=cfg.dual_clip)
-        normalizer = batch.extra["normalizer"]
         stats: dict[str, float] = {}
         if self.reference is not None:
             ref = batch.extra["ref_logprobs"][rows.start:rows.stop]
             kl = kl_to_reference(current.logprobs, ref) * mask
             per_token = per_token + cfg.beta * kl
-            stats["kl_to_start"] = float(token_mean(kl.detach(), mask, normalizer))
+            stats["kl_to_start"] = float(batch.token_mean(kl.detach(), mask))
         ratio = torch.exp((current.logprobs.detach() - old).clamp(-20, 20))
         clipped = ((ratio < 1 - cfg.eps_low) | (ratio > 1 + cfg.eps_high)) & mask
-        stats["clip_fraction"] = float(clipped.sum()) / max(normalizer, 1)
-        return token_mean(per_token, mask, normalizer), stats
+        stats["clip_fraction"] = batch.token_share(float(clipped.sum()))
+        # a token mean over the step's completion tokens, every rank's (`supervised_tokens`)
+        return batch.token_mean(per_token, mask), stats
 
     def supervised_tokens(self, batch: RolloutBatch) -> int:
         return int(batch.completion_mask.sum())

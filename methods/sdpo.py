@@ -31,7 +31,7 @@ from pydantic import Field
 from clbench.engine.api import StageReport
 from clbench.engine.logprobs import completion_distributions, completion_logprobs
 from clbench.engine.losses import (distillation_per_token, importance_weight,
-                                   topk_logprob_divergence, token_mean)
+                                   topk_logprob_divergence)
 from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings, OnPolicyTrainer,
                                      RolloutBatch, pad_to)
 from clbench.engine.rollout import encode_chat
@@ -181,16 +181,9 @@ class SDPOObjective(Objective):
         supervised: torch.Tensor = batch.extra["supervised"]
         active = [i for i in rows if bool(supervised[i].any())]
         if not active:
-            if trainer.dist.num_processes > 1:
-                # Under DDP the backward of every rank must reach every parameter, or the ranks
-                # with supervised rows wait for this one forever: a zero-weighted forward does.
-                probe = batch.score(trainer.train_model, range(rows.start, rows.start + 1),
-                                    grad=True, chunk_size=trainer.chunk_size)
-                return probe.logprobs.sum() * 0.0, {}
-            # Nothing to learn from in these rows: a loss that touches no parameter, so the
-            # optimizer skips the step for them instead of applying decay-only updates.
-            return torch.zeros((), requires_grad=True), {}
-        normalizer = batch.extra["normalizer"]
+            # Nothing to learn from in these rows: a loss without a graph and no forward (the
+            # trainer keeps the ranks' forwards in step, see `Objective.loss`).
+            return torch.zeros(()), {}
         completions = [batch.rollouts[i].completion_ids for i in active]
         student_prompts = [batch.rollouts[i].prompt_ids for i in active]
         teacher_prompts = [batch.extra["teacher_prompt_ids"][i] for i in active]
@@ -233,12 +226,13 @@ class SDPOObjective(Objective):
         else:
             old = batch.old_logprobs[active].to(student_logp.device)
         weight = importance_weight(student_logp, old, cfg.is_clip)
-        loss = token_mean(per_token * weight, mask, normalizer)
+        # a token mean over the step's supervised tokens, every rank's (`supervised_tokens`)
+        loss = batch.token_mean(per_token * weight, mask)
         # KL(student || teacher) estimated on the sampled tokens (they are drawn from the student)
         log_ratio = (student_logp.detach() - teacher_logp).clamp(-20, 20)
-        stats = {"teacher_kl": float(token_mean(log_ratio, mask, normalizer)),
-                 "divergence_mean": float(token_mean(per_token.detach(), mask, normalizer)),
-                 "importance_weight_mean": float(token_mean(weight, mask, normalizer))}
+        stats = {"teacher_kl": float(batch.token_mean(log_ratio, mask)),
+                 "divergence_mean": float(batch.token_mean(per_token.detach(), mask)),
+                 "importance_weight_mean": float(batch.token_mean(weight, mask))}
         return loss, stats
 
     def _teacher_token_logprobs(self, prompts: list[list[int]], completions: list[list[int]],

@@ -5,7 +5,9 @@ and minimises the mean negative log-likelihood of the reference response tokens,
 EOS token, given the chat prompt (loss on the assistant response only; the prompt is context).
 Same number of optimizer steps and prompts per step as the on-policy methods, so budgets compare.
 With several processes each rank trains on its share of the step's items (as the on-policy loop
-does), its loss a token mean over its share; gradients are averaged over the ranks.
+does) and divides its summed token loss by the step's response tokens over all ranks, divided by
+the number of ranks; DDP averages the ranks' gradients, so the step is the one-process step (the
+token mean over all the step's items) however the tokens fall on the ranks.
 The reference code of the paper has no SFT baseline: this one is new to clbench.
 """
 
@@ -73,6 +75,9 @@ class SFT(Method):
                                      stage=ctx.stage_name)
             pairs = [self.encode(ctx, e) for e in examples]
             normalizer = sum(len(r) for _, r in pairs)
+            # the step's response tokens, every rank's; rank losses are scaled by `world` since
+            # DDP averages gradients (see the module docstring)
+            all_tokens, world = dist.sum_int(normalizer), dist.num_processes
             size = cfg.micro_batch_size or len(pairs)
             model.train()
             optimizer.zero_grad(set_to_none=True)
@@ -85,12 +90,14 @@ class SFT(Method):
                     with dist.no_sync(ctx.train_model, sync=s == starts[-1]):
                         scored = completion_logprobs(ctx.train_model, [p for p, _ in part],
                                                      [r for _, r in part], grad=True)
-                        loss = -token_mean(scored.logprobs, scored.mask, normalizer)
+                        loss = -token_mean(scored.logprobs, scored.mask, all_tokens)
+                        if world > 1:
+                            loss = loss * world
                         dist.backward(loss)
                     total += float(loss.detach())
             with clock.phase("step"):
                 grad_norm, current_lr = optimizer_step(model, optimizer, scheduler,
-                                                       cfg.max_grad_norm, dist)
+                                                       cfg.max_grad_norm)
             model.eval()
             counters.add("trained_tokens", normalizer)
             counters.add("prompts", len(pairs))

@@ -9,17 +9,20 @@ import os
 import socket
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
 from click.testing import CliRunner
-from toy import one_thread, toy_context
+from toy import FixedGenerator, RowNLL, one_thread, tiny, toy_context
 
 from clbench.engine.distributed import Distributed, eval_share, resolve_precision
-from clbench.engine.optim import rank_share, step_examples
+from clbench.engine.onpolicy import OnPolicyTrainer
+from clbench.engine.optim import OptimizerSettings, rank_share, step_examples
 from clbench.errors import UserError
-from clbench.models import load_model
+from clbench.models import ModelLoadError, load_model
 from clbench.results import read_results
 
 # ---------------------------------------------------------------------------------------------
@@ -75,19 +78,20 @@ def test_precision_resolution_and_fp16_refusal() -> None:
         resolve_precision("float16", True, cpu)
 
 
-def _one_grpo_step(tmp_path: Path, mixed_precision: bool) -> tuple[float, set[torch.dtype]]:
-    """One GRPO step at lr 1e-6 with bf16 compute; (fraction of weights changed, dtypes of the
-    MLP outputs seen during training)."""
+def _one_grpo_step(tmp_path: Path, mixed_precision: bool
+                   ) -> tuple[float, set[tuple[torch.dtype, bool]]]:
+    """One GRPO step at lr 1e-6 with bf16 compute; (fraction of weights changed, (dtype, grad
+    enabled) of the MLP outputs seen during training: rollouts without grad, training with)."""
     from clbench_methods.grpo import GRPO
 
     dist = Distributed.create("cpu", "bfloat16", mixed_precision)
     model, tok = load_model("tiny-llama", device="cpu", dtype=dist.precision.weights, seed=0)
     before = [p.detach().clone() for p in model.parameters()]
-    ctx = toy_context(model, tok, tmp_path, steps=1, lr=1e-6)
-    ctx = dataclasses.replace(ctx, dist=dist, train_model=None)  # prepared by __post_init__
-    seen: set[torch.dtype] = set()
+    # the run's Distributed goes in directly: no other Accelerator is created after it
+    ctx = toy_context(model, tok, tmp_path, steps=1, lr=1e-6, dist=dist)
+    seen: set[tuple[torch.dtype, bool]] = set()
     hook = model.model.layers[0].mlp.down_proj.register_forward_hook(
-        lambda mod, args, out: seen.add(out.dtype))
+        lambda mod, args, out: seen.add((out.dtype, torch.is_grad_enabled())))
     with one_thread():
         report = GRPO({"lr": 1e-6}).train_stage(ctx)
     hook.remove()
@@ -98,12 +102,191 @@ def _one_grpo_step(tmp_path: Path, mixed_precision: bool) -> tuple[float, set[to
 
 def test_mixed_precision_keeps_small_updates_that_bf16_weights_lose(tmp_path: Path) -> None:
     fraction, seen = _one_grpo_step(tmp_path / "mixed", mixed_precision=True)
-    assert seen == {torch.bfloat16}  # every forward (rollouts and training) was autocast
+    # every forward, rollouts (no grad) and training (grad), ran under bf16 autocast over the
+    # fp32 weights: the method's own autocast, the accelerator has none
+    assert seen == {(torch.bfloat16, False), (torch.bfloat16, True)}
     assert fraction > 0.9, fraction  # fp32 master weights: a 1e-6 step moves nearly every one
     # The contrast: weights stored in bf16 round the same update away almost everywhere.
     fraction_bf16, seen_bf16 = _one_grpo_step(tmp_path / "bf16", mixed_precision=False)
-    assert seen_bf16 == {torch.bfloat16}
+    assert seen_bf16 == {(torch.bfloat16, False), (torch.bfloat16, True)}
     assert fraction_bf16 < 0.1, fraction_bf16
+
+
+def test_prepared_student_autocasts_only_under_the_runs_autocast() -> None:
+    """The accelerator has no mixed precision of its own: accelerate would wrap the prepared
+    forward in an autocast read from its process-wide state at prepare time (which another
+    Accelerator can change); the run's `Distributed.autocast()` is the only one."""
+    dist = Distributed.create("cpu", "bfloat16", True)
+    assert dist.precision.mixed and dist.accelerator.mixed_precision == "no"
+    model, _ = load_model("tiny-llama", device="cpu", dtype=dist.precision.weights, seed=0)
+    train_model = dist.prepare_student(model)
+    seen: list[torch.dtype] = []
+    model.model.layers[0].mlp.down_proj.register_forward_hook(
+        lambda mod, args, out: seen.append(out.dtype))
+    ids = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        train_model(input_ids=ids, hidden_only=True)
+        with dist.autocast():
+            train_model(input_ids=ids, hidden_only=True)
+    assert seen == [torch.float32, torch.bfloat16]
+
+
+def test_several_processes_refuse_cuda_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ModelLoadError, match="no CUDA device is available"):
+        Distributed.create("cuda", "float32")
+    with pytest.raises(ModelLoadError, match="not a valid torch device"):
+        Distributed.create("gpu0", "float32")
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients that do not depend on the number of processes
+# ---------------------------------------------------------------------------------------------
+
+
+class FakeRank(Distributed):
+    """One process standing in for rank `rank` of `world`: `sum_int` answers `total` (as if the
+    other ranks had added theirs) and nothing is communicated; the test averages the ranks'
+    gradients itself, as DDP would."""
+
+    def __init__(self, base: Distributed, rank: int, world: int, total: int) -> None:
+        super().__init__(base.accelerator, base.device, base.precision)
+        self.rank, self.world, self.total = rank, world, total
+
+    num_processes = property(lambda self: self.world)  # type: ignore[assignment]
+    process_index = property(lambda self: self.rank)  # type: ignore[assignment]
+
+    def sum_int(self, value: int) -> int:
+        return self.total
+
+    def no_sync(self, train_model: Any, sync: bool) -> Any:
+        return nullcontext()
+
+    def mean_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        return record
+
+
+def _step_grads(tmp_path: Path, supervise: Callable[[Any], bool],
+                dist: Distributed | None = None) -> dict[str, Any]:
+    """One on-policy step of :class:`toy.RowNLL` on fixed rollouts (4 prompts x 2, micro-batches
+    of one prompt): the gradients the optimizer got (after any all-reduce), the loss, the
+    forwards through `train_model`, and this rank's and all ranks' supervised tokens."""
+    model, tok = tiny(seed=0)
+    ctx = toy_context(model, tok, tmp_path, steps=1, prompts_per_step=4, samples_per_prompt=2,
+                      dist=dist)
+    trainer = OnPolicyTrainer(ctx, RowNLL(supervise),
+                              OptimizerSettings(lr=1e-3, max_grad_norm=None),
+                              micro_batch_size=2, generator=FixedGenerator(tok))
+    grads: list[Any] = []
+    trainer.optimizer.optimizer.register_step_pre_hook(lambda *_: grads.extend(
+        None if p.grad is None else p.grad.detach().clone() for p in model.parameters()))
+    forwards = []
+    ctx.train_model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    before = [p.detach().clone() for p in model.parameters()]
+    with one_thread():
+        batch, _ = trainer.collect(0)
+        record = trainer.update(batch)
+    return {"grads": grads, "loss": record["loss"], "forwards": len(forwards),
+            "tokens": trainer.objective.supervised_tokens(batch), "total": batch.total_tokens,
+            "unchanged": all(torch.equal(p, b) for p, b in zip(model.parameters(), before))}
+
+
+def _first_prompt_of_step(tmp_path: Path) -> str:
+    model, tok = tiny(seed=0)
+    ctx = toy_context(model, tok, tmp_path, steps=1, prompts_per_step=4, samples_per_prompt=2)
+    return step_examples(ctx.train_examples, 4, 0, ctx.seed)[0].id
+
+
+SUPERVISE = {
+    "all": lambda first: (lambda e: True),
+    "rank0_only": lambda first: (lambda e: e.id == first),  # one prompt, on rank 0
+    "none": lambda first: (lambda e: False),
+}
+
+
+def _assert_same_step(ranks: list[dict[str, Any]], one: dict[str, Any]) -> None:
+    """The ranks' gradients averaged (what DDP applies) are the one-process gradients, and the
+    ranks' losses averaged (the step record) are the one-process loss."""
+    assert sum(r["tokens"] for r in ranks) == one["total"] == one["tokens"]
+    for i, g in enumerate(one["grads"]):
+        parts = [r["grads"][i] for r in ranks]
+        assert all(p is not None for p in parts)  # every rank's backward reached every weight
+        mean = sum(parts) / len(parts)
+        torch.testing.assert_close(mean, g, rtol=1e-4, atol=1e-7)
+    assert sum(r["loss"] for r in ranks) / len(ranks) == pytest.approx(one["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("case", ["all", "rank0_only"])
+def test_two_ranks_take_the_one_process_step(tmp_path: Path, case: str) -> None:
+    """Uneven token counts over the ranks, or a rank with no supervised row at all, do not
+    reweight the step: each rank divides by the tokens of all ranks over the world size."""
+    first = _first_prompt_of_step(tmp_path)
+    supervise = SUPERVISE[case](first)
+    one = _step_grads(tmp_path / "one", supervise)
+    assert one["forwards"] == (4 if case == "all" else 1)  # one process: no zero forwards
+    base = Distributed.for_model(tiny(seed=0)[0], "cpu")
+    ranks = [_step_grads(tmp_path / f"rank{r}", supervise,
+                         FakeRank(base, rank=r, world=2, total=one["total"])) for r in (0, 1)]
+    if case == "all":
+        assert ranks[0]["tokens"] != ranks[1]["tokens"]  # the test means something
+    else:
+        assert ranks[1]["tokens"] == 0
+    # every rank runs one forward through train_model per micro-batch, zero-weighted where its
+    # rows have no loss, so that DDP's all-reduce finds every rank
+    assert [r["forwards"] for r in ranks] == [2, 2]
+    _assert_same_step(ranks, one)
+    if case == "rank0_only":
+        assert all(float(g.abs().max()) == 0.0 for g in ranks[1]["grads"])
+
+
+def _sft_step_grads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                    dist: Distributed | None = None) -> dict[str, Any]:
+    """One SFT step on toy items whose references have uneven lengths: the gradients the
+    optimizer got, the loss and this rank's response tokens."""
+    import clbench_methods.sft as sft
+
+    model, tok = tiny(seed=0)
+    ctx = toy_context(model, tok, tmp_path, steps=1, prompts_per_step=4, dist=dist)
+    ctx.train_examples = [dataclasses.replace(e, reference=e.reference[:1 + 3 * i % 8])
+                          for i, e in enumerate(ctx.train_examples)]
+    grads: list[Any] = []
+    original = sft.optimizer_step
+
+    def step(model: Any, *args: Any) -> Any:
+        grads.extend(p.grad.detach().clone() for p in model.parameters())
+        return original(model, *args)
+
+    monkeypatch.setattr(sft, "optimizer_step", step)
+    with one_thread():
+        report = sft.SFT({"lr": 1e-3, "max_grad_norm": None}).train_stage(ctx)
+    monkeypatch.undo()
+    return {"grads": grads, "loss": report.steps[0]["loss"],
+            "tokens": report.counters["trained_tokens"]}
+
+
+def test_two_sft_ranks_take_the_one_process_step(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    one = _sft_step_grads(tmp_path / "one", monkeypatch)
+    base = Distributed.for_model(tiny(seed=0)[0], "cpu")
+    ranks = [_sft_step_grads(tmp_path / f"rank{r}", monkeypatch,
+                             FakeRank(base, rank=r, world=2, total=one["tokens"])) for r in (0, 1)]
+    assert ranks[0]["tokens"] != ranks[1]["tokens"]  # the test means something
+    assert ranks[0]["tokens"] + ranks[1]["tokens"] == one["tokens"]
+    for i, g in enumerate(one["grads"]):
+        torch.testing.assert_close((ranks[0]["grads"][i] + ranks[1]["grads"][i]) / 2, g,
+                                   rtol=1e-4, atol=1e-7)
+    assert (ranks[0]["loss"] + ranks[1]["loss"]) / 2 == pytest.approx(one["loss"], rel=1e-5)
+
+
+def test_a_step_without_supervised_tokens_on_any_rank_is_skipped(tmp_path: Path) -> None:
+    supervise = SUPERVISE["none"]("")
+    base = Distributed.for_model(tiny(seed=0)[0], "cpu")
+    for world in (1, 2):
+        dist = FakeRank(base, rank=world - 1, world=world, total=0) if world > 1 else None
+        got = _step_grads(tmp_path / str(world), supervise, dist)
+        assert got["total"] == 0 and got["forwards"] == 0 and got["loss"] == 0.0
+        assert all(g is None for g in got["grads"]) and got["unchanged"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,14 +300,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _launch(args: list[str], processes: int = 2) -> subprocess.CompletedProcess:
-    """`accelerate launch` N CPU processes (torchrun-style, gloo) running `clbench`."""
+def _launch(args: list[str], processes: int = 2, script: str | None = None,
+            timeout: int = 600) -> subprocess.CompletedProcess:
+    """`accelerate launch` N CPU processes (torchrun-style, gloo) running `clbench` (or
+    `script`)."""
     accelerate = Path(sys.executable).with_name("accelerate")
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    target = [script] if script else ["-m", "clbench.cli"]
     cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", str(processes),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(_free_port()), "-m", "clbench.cli", *args]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+           "--main_process_port", str(_free_port()), *target, *args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 SMALL = ["--set", "protocol.bootstrap_samples=20"]
@@ -136,12 +322,15 @@ def test_two_process_smoke_run_matches_one_process_row_0(tmp_path: Path, method:
     from clbench.cli import cli
 
     single = tmp_path / "single"
+    # --no-base-cache: both rows 0 are evaluated here (the cache key holds `num_processes`,
+    # but a row cached by an earlier session would make the comparison vacuous)
     res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", method, "--device",
-                                   "cpu", "--out", str(single), *SMALL], catch_exceptions=False)
+                                   "cpu", "--out", str(single), "--no-base-cache", *SMALL],
+                             catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = tmp_path / "two"
     proc = _launch(["run", "--suite", "smoke", "--method", method, "--device", "cpu", "--out",
-                    str(out), *SMALL])
+                    str(out), "--no-base-cache", *SMALL])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("method config") == 1  # only the main process prints
     result = read_results(out / "results.json")
@@ -151,6 +340,8 @@ def test_two_process_smoke_run_matches_one_process_row_0(tmp_path: Path, method:
     assert result.model.resolved["precision"] == "fp32"
     one = read_results(single / "results.json")
     assert one.model.resolved["num_processes"] == 1
+    assert result.artifacts["base_row"]["reused"] is False
+    assert one.artifacts["base_row"]["reused"] is False
     # Row 0 (same model, items split over the ranks and gathered back in order) is the
     # single-process row, item by item.
     assert result.matrix[0] == one.matrix[0]
@@ -182,3 +373,46 @@ def test_two_processes_refuse_prompts_per_step_that_does_not_divide(tmp_path: Pa
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "stage 'science': prompts_per_step 3 is not divisible by the 2 processes" in text
     assert not (tmp_path / "r" / "results.json").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_take_the_one_process_step_without_waiting_on_each_other(
+        tmp_path: Path) -> None:
+    """Real DDP over gloo: uneven token counts, a rank with no supervised row (it must still
+    join the all-reduce, or the other waits forever), and a step with none on any rank."""
+    first = _first_prompt_of_step(tmp_path)
+    out = tmp_path / "out"
+    proc = _launch(["ddp-steps", first, str(out)], script=__file__, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for case in SUPERVISE:
+        one = _step_grads(tmp_path / case, SUPERVISE[case](first))
+        ranks = [torch.load(out / f"{case}-rank{r}.pt") for r in (0, 1)]
+        assert [r["total"] for r in ranks] == [one["total"]] * 2
+        if case == "none":
+            assert [r["forwards"] for r in ranks] == [0, 0]
+            assert all(g is None for r in ranks for g in r["grads"])
+            assert all(r["unchanged"] for r in ranks)
+            continue
+        assert [r["forwards"] for r in ranks] == [2, 2]
+        if case == "rank0_only":
+            assert [r["tokens"] for r in ranks] == [one["tokens"], 0]
+        else:
+            assert ranks[0]["tokens"] != ranks[1]["tokens"]
+        for r in ranks:  # after the all-reduce every rank holds the one-process gradients
+            for g, expected in zip(r["grads"], one["grads"]):
+                torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-7)
+        assert (ranks[0]["loss"] + ranks[1]["loss"]) / 2 == pytest.approx(one["loss"], rel=1e-5)
+
+
+def _ddp_steps_worker(first: str, out: Path) -> None:
+    """Each rank's :func:`_step_grads` for every case, through the launched run's DDP."""
+    dist = Distributed.create("cpu", "float32")
+    out.mkdir(parents=True, exist_ok=True)
+    for case, make in SUPERVISE.items():
+        got = _step_grads(out / case, make(first), dist)
+        torch.save(got, out / f"{case}-rank{dist.process_index}.pt")
+
+
+if __name__ == "__main__":  # accelerate launch ... tests/test_distributed.py ddp-steps FIRST OUT
+    if sys.argv[1:2] == ["ddp-steps"]:
+        _ddp_steps_worker(sys.argv[2], Path(sys.argv[3]))

@@ -12,7 +12,7 @@ Import from tests as `from toy import ...` (pytest puts `tests/` on the path).
 from __future__ import annotations
 
 import string
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from clbench.engine.api import StageContext
+from clbench.engine.onpolicy import Objective, OnPolicyTrainer, RolloutBatch
+from clbench.engine.rollout import Generator, Rollout, SamplingParams
 from clbench.models import load_model
 from clbench.specs import Budget
 from clbench.tasks.base import Example, Grade, Split, TaskParams, TaskSource, seeded_rng
@@ -81,8 +83,10 @@ def tiny(name: str = "tiny-llama", seed: int = 0) -> tuple[Any, Any]:
 def toy_context(model: Any, tokenizer: Any, tmp_path: Path, *, steps: int = 30,
                 prompts_per_step: int = 4, samples_per_prompt: int = 4, max_new_tokens: int = 8,
                 lr: float | None = None, seed: int = 0, train_size: int = 32,
-                task: TaskSource | None = None, log: list | None = None) -> StageContext:
-    """A stage context on the toy task with a small budget."""
+                task: TaskSource | None = None, log: list | None = None,
+                dist: Any = None) -> StageContext:
+    """A stage context on the toy task with a small budget (`dist`: the run's `Distributed`,
+    a one-process one for `model` when not given)."""
     task = task or LowercaseTask({"k": max_new_tokens})
     return StageContext(
         model=model, tokenizer=tokenizer, task=task,
@@ -91,7 +95,53 @@ def toy_context(model: Any, tokenizer: Any, tmp_path: Path, *, steps: int = 30,
                       samples_per_prompt=samples_per_prompt, max_new_tokens=max_new_tokens,
                       lr=lr),
         stage_index=1, stage_name="toy", seed=seed, device=torch.device("cpu"),
-        work_dir=tmp_path, log_step=(log.append if log is not None else (lambda record: None)))
+        work_dir=tmp_path, log_step=(log.append if log is not None else (lambda record: None)),
+        dist=dist)
+
+
+class FixedGenerator(Generator):
+    """Rollouts that depend on the prompt alone (not on the seed, the rank or the model), of
+    uneven lengths (1 to 7 tokens): a step's rows are the same however its prompts are shared
+    over processes, and the ranks hold different numbers of tokens."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def generate_from_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams
+                          ) -> list[Rollout]:
+        out = []
+        for p, ids in enumerate(prompt_ids):
+            for s in range(params.n):
+                length = 1 + (sum(ids) + 2 * s) % 7
+                completion = [ids[(j * 5 + s) % len(ids)] for j in range(length)]
+                out.append(Rollout(p, s, list(ids), completion,
+                                   self.tokenizer.decode(completion), True))
+        return out
+
+
+class RowNLL(Objective):
+    """Negative log-likelihood of the completions of the prompts `supervise` picks, a token mean
+    over them (over every rank's); micro-batches without such rows give a loss without graph."""
+
+    def __init__(self, supervise: Callable[[Any], bool]) -> None:
+        self.supervise = supervise
+
+    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
+        picked = torch.tensor([bool(self.supervise(batch.example_of(i)))
+                               for i in range(batch.size)], device=batch.completion_mask.device)
+        batch.extra["supervised"] = batch.completion_mask & picked[:, None]
+        return {}
+
+    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        supervised = batch.extra["supervised"][rows.start:rows.stop]
+        if not bool(supervised.any()):
+            return torch.zeros(()), {}
+        scored = batch.score(trainer.train_model, rows, grad=True, chunk_size=trainer.chunk_size)
+        return batch.token_mean(-scored.logprobs, supervised), {}
+
+    def supervised_tokens(self, batch: RolloutBatch) -> int:
+        return int(batch.extra["supervised"].sum())
 
 
 def greedy_reward(model: Any, tokenizer: Any, task: TaskSource, n: int = 16) -> float:

@@ -7,9 +7,13 @@ A run is one process (`clbench run ...`) or N data-parallel processes started by
 
 - the device of this process and the run's :class:`Precision`: with `mixed_precision` (the
   default) the weights, and so the optimizer's updates, stay fp32 and forwards run under bf16
-  autocast (accelerate's `mixed_precision="bf16"`); without it the weights are stored in bf16,
-  which halves memory but rounds away updates below bf16's resolution (about 0.4% of a weight,
-  far above a 1e-6 learning rate's step);
+  autocast (:meth:`Distributed.autocast`, entered by the protocol around the whole run and by
+  each method around its stage); without it the weights are stored in bf16, which halves memory
+  but rounds away updates below bf16's resolution (about 0.4% of a weight, far above a 1e-6
+  learning rate's step). The Accelerator itself is always built with `mixed_precision="no"`:
+  accelerate would bake into the prepared model an autocast read from its process-wide state at
+  prepare time, which another Accelerator in the same process may have changed (to fp16 on
+  CUDA), and bf16 needs no grad scaler;
 - the prepared student (:meth:`Distributed.prepare_student`): DDP-wrapped when N > 1, so training
   forwards through it all-reduce gradients in backward; generation, teachers and evaluation use
   the plain model;
@@ -70,10 +74,6 @@ class Precision:
         name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(
             self.compute, str(self.compute).replace("torch.", ""))
         return f"{name}-mixed" if self.mixed else name
-
-    @property
-    def accelerate_mixed_precision(self) -> str:
-        return "bf16" if self.mixed else "no"
 
 
 def resolve_precision(dtype: str | torch.dtype | None, mixed_precision: bool,
@@ -164,6 +164,8 @@ class Distributed:
         Launched with N > 1 processes, each uses the launcher's device for its rank (its own GPU,
         or the CPU); an explicit `cuda:N` is then refused.
         """
+        from clbench.models import resolve_device
+
         world = launched_world_size()
         if world > 1:
             local = int(os.environ.get("LOCAL_RANK") or 0)
@@ -171,15 +173,18 @@ class Distributed:
             if wanted.startswith("cuda:"):
                 raise UserError(f"--device {wanted}: with {world} processes each uses its own "
                                 "GPU; use --device auto (or cuda)")
+            if wanted != "auto":
+                # the errors one process gives: an invalid name, or `cuda` without CUDA
+                kind = resolve_device(wanted).type
+                if kind not in ("cpu", "cuda"):
+                    raise UserError(f"--device {wanted}: several processes train on CUDA GPUs "
+                                    "or on the CPU; use --device auto, cuda or cpu")
             use_cuda = wanted != "cpu" and torch.cuda.is_available()
             resolved = torch.device("cuda", local) if use_cuda else torch.device("cpu")
         else:
-            from clbench.models import resolve_device
-
             resolved = resolve_device(device)
         precision = resolve_precision(dtype, mixed_precision, resolved)
-        accelerator = _new_accelerator(cpu=resolved.type == "cpu",
-                                       mixed_precision=precision.accelerate_mixed_precision)
+        accelerator = _new_accelerator(cpu=resolved.type == "cpu")
         if world > 1:
             resolved = accelerator.device
             if resolved.type == "cpu":
@@ -198,7 +203,7 @@ class Distributed:
         dtype = next(model.parameters()).dtype
         resolved = resolve_device(device if device is not None else
                                   next(model.parameters()).device)
-        accelerator = _new_accelerator(cpu=resolved.type == "cpu", mixed_precision="no")
+        accelerator = _new_accelerator(cpu=resolved.type == "cpu")
         return cls(accelerator, resolved, Precision(weights=dtype, compute=dtype))
 
     # -- processes -----------------------------------------------------------------------------
@@ -274,9 +279,11 @@ class Distributed:
     def autocast(self) -> Any:
         """Autocast to the compute dtype (mixed precision); does nothing otherwise.
 
-        The context `accelerator.autocast()` builds, but from this run's precision: accelerate
-        reads it from a process-wide state that a later Accelerator (another run in the same
-        process) may have replaced."""
+        The only autocast of a run (the Accelerator has none): the protocol enters it around the
+        whole run (evaluation included) and methods around their stage, so training forwards,
+        rollouts and teacher scoring all run under it. Built from this run's precision, not
+        from accelerate's process-wide state, which a later Accelerator (another run in the
+        same process) may have replaced."""
         if not self.precision.mixed:
             return nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.precision.compute)
@@ -304,9 +311,6 @@ class Distributed:
             return nullcontext()
         return self.accelerator.no_sync(train_model)
 
-    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> float:
-        return float(self.accelerator.clip_grad_norm_(parameters, max_norm))
-
     def sum_int(self, value: int) -> int:
         """`value` summed over the ranks."""
         if self.num_processes == 1:
@@ -318,7 +322,9 @@ class Distributed:
         return {"precision": self.precision.label, "num_processes": self.num_processes}
 
 
-def _new_accelerator(cpu: bool, mixed_precision: str) -> Accelerator:
+def _new_accelerator(cpu: bool) -> Accelerator:
+    """An Accelerator without mixed precision of its own: clbench autocasts from the run's
+    :class:`Precision` (:meth:`Distributed.autocast`), see the module docstring."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from accelerate.utils import InitProcessGroupKwargs
@@ -328,5 +334,5 @@ def _new_accelerator(cpu: bool, mixed_precision: str) -> Accelerator:
         # a single process may hold several runs (a sweep, the tests) with other precisions or
         # devices, and without a process group nothing else hangs on the old state.
         AcceleratorState._reset_state(reset_partial_state=True)
-    return Accelerator(cpu=cpu, mixed_precision=mixed_precision,
+    return Accelerator(cpu=cpu, mixed_precision="no",
                        kwargs_handlers=[InitProcessGroupKwargs(timeout=COLLECTIVE_TIMEOUT)])

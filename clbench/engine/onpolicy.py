@@ -14,12 +14,17 @@ grading, counters, per-phase wall time, per-step records, lr schedule) lives her
 differ in their objective and teacher, not in plumbing.
 
 Several processes (`ctx.dist`): every rank draws the step's prompts and keeps its own share
-(whole prompts with all their samples), samples with its own seed, and computes its loss as a
-token mean over its own rollouts; DDP then averages the gradients over the ranks, so the step
-minimises the mean of the per-rank token means. Micro-batches accumulate without communication;
-only the last one all-reduces. Step records are averaged over the ranks, counters summed.
-Objectives compute training forwards with `trainer.train_model` (the prepared student) and
-everything without gradient with `trainer.model`.
+(whole prompts with all their samples) and samples with its own seed. The loss stays the token
+mean over the whole step: each rank sums its tokens' losses and divides by the step's token count
+over ALL ranks divided by the number of ranks (:meth:`RolloutBatch.token_mean`); DDP averages the
+ranks' gradients, so N processes take the step one process takes on the same rollouts, however
+the tokens fall on the ranks. Micro-batches accumulate without communication; only the last one
+all-reduces. Every rank runs the same forwards through the prepared student: a rank whose rows
+give no loss runs a zero-weighted one (see :class:`Objective`), and a step without a supervised
+token on any rank takes no update on any. Step records are averaged over the ranks (the loss so
+becomes the step's token mean), counters summed. Objectives compute training forwards with
+`trainer.train_model` (the prepared student) and everything without gradient with
+`trainer.model`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from pydantic import Field
 
 from clbench.engine.api import Method, StageReport
 from clbench.engine.logprobs import TokenLogprobs, completion_logprobs, pack_batch
+from clbench.engine.losses import token_mean
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
                                   build_scheduler, optimizer_step, rank_share, stage_lr,
                                   step_examples)
@@ -71,6 +77,10 @@ class RolloutBatch:
     temperature: float              # the sampler's temperature, used when scoring
     old_logprobs: torch.Tensor | None = None  # [N, T]; None when each batch gets one update
     extra: dict[str, Any] = field(default_factory=dict)  # what the objective prepares
+    # Set by the trainer after `Objective.prepare`: the supervised tokens of the step summed
+    # over the ranks, and the number of ranks (see `token_mean`).
+    total_tokens: int | None = None
+    world: int = 1
 
     @property
     def size(self) -> int:
@@ -106,6 +116,27 @@ class RolloutBatch:
         return TokenLogprobs(pad_to(scored.logprobs, self.length),
                              pad_to(scored.mask, self.length))
 
+    def token_mean(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """This rank's term of the step's token mean: sum(per_token * mask) / (T / world), T the
+        supervised tokens of all ranks (`total_tokens`).
+
+        Summed over this rank's micro-batches and averaged over the ranks (what DDP does to the
+        gradients, and the step record to the loss), it is the token mean over every rank's
+        rows: N processes reproduce one process. With one process it is
+        `token_mean(per_token, mask, T)`, bit for bit."""
+        if self.total_tokens is None:
+            raise ValueError("RolloutBatch.total_tokens is unset: the trainer sets it after "
+                             "Objective.prepare")
+        loss = token_mean(per_token, mask, self.total_tokens)
+        return loss * self.world if self.world > 1 else loss
+
+    def token_share(self, count: float) -> float:
+        """A count over this rank's supervised tokens as this rank's term of a fraction of the
+        step's tokens (averaged over the ranks like :meth:`token_mean`)."""
+        if self.total_tokens is None:
+            raise ValueError("RolloutBatch.total_tokens is unset")
+        return count * self.world / max(self.total_tokens, 1)
+
     def old_or_detached(self, rows: range, current: torch.Tensor) -> torch.Tensor:
         """The sampling policy's log-probs of `rows` (the current ones, detached, on the first
         and only update of a batch, where they are equal by definition)."""
@@ -138,13 +169,29 @@ class Objective(ABC):
     @abstractmethod
     def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
              ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss of `rows` of the batch, scaled so that summing it over the batch's micro-batches
-        gives the batch loss (e.g. a token mean with the whole batch's token count), and
-        statistics to be summed over micro-batches."""
+        """Loss of `rows` of the batch, and statistics to be summed over micro-batches (and
+        averaged over the ranks).
+
+        Scale: summed over the batch's micro-batches it is this rank's term of the step loss;
+        for a token mean use :meth:`RolloutBatch.token_mean`, which divides by the supervised
+        tokens of every rank so that several processes take the one-process step.
+
+        Processes: every rank calls this for equally many micro-batches and, under DDP, every
+        rank must run the same number of forwards through `trainer.train_model` (one per call):
+        the ranks' backwards meet in one gradient all-reduce, and a rank that skips it leaves
+        the others waiting forever. So a loss with a graph comes from exactly one forward
+        through `trainer.train_model` (never `trainer.model`, whose gradients are not
+        synchronised); rows with nothing to learn from return a loss WITHOUT a graph (e.g.
+        `torch.zeros(())`, `grad_fn` None) and no forward: the trainer then runs the
+        zero-weighted forward itself when there are several processes, and skips the backward
+        with one."""
 
     @abstractmethod
     def supervised_tokens(self, batch: RolloutBatch) -> int:
-        """Number of completion tokens that receive a learning signal (for the counters)."""
+        """Number of this rank's completion tokens that receive a learning signal: the count
+        the loss is a token mean over. Called after :meth:`prepare`; the trainer sums it over
+        the ranks into `batch.total_tokens` (which :meth:`RolloutBatch.token_mean` divides by),
+        skips the step on every rank when that sum is 0, and counts it as `trained_tokens`."""
 
     def after_step(self, trainer: OnPolicyTrainer, step: int) -> dict[str, float]:
         """Called after each optimizer step (e.g. an EMA teacher update)."""
@@ -219,6 +266,8 @@ class OnPolicyTrainer:
                          .logprobs for rows in self.micro_batches(batch)]
                 batch.old_logprobs = torch.cat(parts)
             stats = self.objective.prepare(batch, self)
+            batch.world = dist.num_processes
+            batch.total_tokens = dist.sum_int(self.objective.supervised_tokens(batch))
         return batch, stats
 
     def micro_batches(self, batch: RolloutBatch) -> list[range]:
@@ -232,26 +281,37 @@ class OnPolicyTrainer:
         total_loss = 0.0
         sums: dict[str, float] = {}
         parts = self.micro_batches(batch)
-        if self.dist.num_processes > 1 and \
-                self.dist.sum_int(self.objective.supervised_tokens(batch)) == 0:
-            # No rank has a token to learn from: skip the backward on every rank alike (one
-            # process skips it implicitly: its loss touches no parameter).
+        if batch.total_tokens == 0:
+            # No rank has a token to learn from: no forward or backward on any rank, and the
+            # optimizer skips every parameter (no decay-only update); the schedule advances.
             parts = []
         with self.clock.phase("backward"):
             for i, rows in enumerate(parts):
                 with self.dist.no_sync(self.train_model, sync=i == len(parts) - 1):
                     loss, stats = self.objective.loss(batch, rows, self)
-                    self.dist.backward(loss)
+                    if loss.grad_fn is None and self.dist.num_processes > 1:
+                        loss = loss.detach().to(batch.rewards.device) + \
+                            self.zero_weighted_forward(batch, rows)
+                    if loss.requires_grad:
+                        self.dist.backward(loss)
                 total_loss += float(loss.detach())
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         with self.clock.phase("step"):
             grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler,
-                                           self.settings.max_grad_norm, self.dist)
+                                           self.settings.max_grad_norm)
         self.model.eval()
         self.counters.add("trained_tokens", self.objective.supervised_tokens(batch))
         self.counters.add("optimizer_steps", 1)
         return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, **sums}
+
+    def zero_weighted_forward(self, batch: RolloutBatch, rows: range) -> torch.Tensor:
+        """0 times the log-probs of one row scored through `train_model`: a loss whose backward
+        reaches every parameter with a zero gradient, so that a rank without a loss of its own
+        still joins the ranks' gradient all-reduce (see :meth:`Objective.loss`)."""
+        probe = batch.score(self.train_model, range(rows.start, rows.start + 1), grad=True,
+                            chunk_size=self.chunk_size)
+        return probe.logprobs.sum() * 0.0
 
     # -- the stage -----------------------------------------------------------------------------
 

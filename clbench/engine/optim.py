@@ -26,7 +26,6 @@ from clbench.tasks.base import seeded_rng
 if TYPE_CHECKING:
     import torch
 
-    from clbench.engine.distributed import Distributed
     from clbench.specs import Budget
 
 T = TypeVar("T")
@@ -110,17 +109,12 @@ def clip_gradients(model: torch.nn.Module, max_norm: float | None) -> float:
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                   max_grad_norm: float | None, dist: Distributed | None = None
-                   ) -> tuple[float, float]:
+                   max_grad_norm: float | None) -> tuple[float, float]:
     """Clip, step the optimizer and the schedule, clear gradients; return (grad norm, lr used).
 
-    With `dist`, clipping goes through the accelerator (gradients are already averaged over the
-    processes, so every rank computes the same norm)."""
-    if dist is not None and max_grad_norm is not None:
-        params = [p for p in model.parameters() if p.grad is not None]
-        grad_norm = dist.clip_grad_norm(params, max_grad_norm) if params else 0.0
-    else:
-        grad_norm = clip_gradients(model, max_grad_norm)
+    With several processes the gradients are already averaged over the ranks (DDP, replicated
+    parameters), so every rank computes the same norm and clips alike."""
+    grad_norm = clip_gradients(model, max_grad_norm)
     lr = optimizer.param_groups[0]["lr"]
     optimizer.step()
     scheduler.step()
