@@ -311,20 +311,28 @@ def _parse_gold(gold: str) -> tuple:
     return tuple(parse("\\boxed{" + gold + "}", parsing_timeout=None))  # type: ignore[arg-type]
 
 
+#: One comparison per kind of answer whose first use loads more of sympy (radicals, fractions,
+#: constants, intervals, polynomials): run once, unguarded, before any timed comparison.
+_WARM_UP_PAIRS = (("(x+1)^2", "x^2+2x+1"), ("2\\sqrt{3}", "\\sqrt{12}"), ("0.5", "\\frac{1}{2}"),
+                  ("\\frac{\\pi}{2}", "\\pi/2"), ("[0,1)", "[0,1)"))
+
+
 @lru_cache(maxsize=1)
 def warm_up_verifier() -> None:
-    """Import math_verify and run one comparison unguarded (about 1 s, once per process).
+    """Import math_verify and run a few comparisons unguarded (a few seconds, once per process).
 
-    Its first parse loads grammars lazily; under the time limit that first call would always
-    time out, and an import interrupted half-way leaves broken modules behind.
+    Its parsers and sympy's simplifiers load lazily; under the time limit a first comparison of a
+    new kind (the first radical, say) would time out and grade a right answer wrong, and an
+    import interrupted half-way leaves broken modules behind.
     """
     # math_verify warns once when its own signal.alarm timeouts are disabled; ours replace them
     # (its alarm would cancel our sub-second timer), so the warning is noise.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
     from math_verify import parse, verify
 
-    verify(parse("\\boxed{(x+1)^2}", parsing_timeout=None),  # type: ignore[arg-type]
-           parse("\\boxed{x^2+2x+1}", parsing_timeout=None), timeout_seconds=None)
+    for gold, pred in _WARM_UP_PAIRS:
+        verify(parse("\\boxed{" + gold + "}", parsing_timeout=None),  # type: ignore[arg-type]
+               parse("\\boxed{" + pred + "}", parsing_timeout=None), timeout_seconds=None)
 
 
 def math_equivalent(pred: str, gold: str) -> bool:
