@@ -29,6 +29,19 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
+# Options shared by `run` and `sweep`.
+device_option = click.option("--device", default="auto", show_default=True,
+                             metavar="auto|cpu|cuda[:N]", help="Where to train and evaluate.")
+no_base_cache_option = click.option(
+    "--no-base-cache", "no_base_cache", is_flag=True,
+    help="Evaluate row 0 (the base model) even when an identical row is cached from an earlier run.")
+
+
+def check_device(device: str) -> None:
+    if not _DEVICE.match(device):
+        raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
+
+
 def stdout_console() -> Console:
     """A console on the current stdout (click's test runner swaps it, so build it per call).
 
@@ -329,11 +342,8 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
 @click.option("--resume", is_flag=True, help="Continue a run from its last completed stage.")
 @click.option("--model", "model_name", default=None, metavar="NAME",
               help="Model to train instead of the suite's default (hub id, path, tiny-*).")
-@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
-              help="Where to train and evaluate.")
-@click.option("--no-base-cache", "no_base_cache", is_flag=True,
-              help="Evaluate row 0 (the base model) even when an identical row is cached from an "
-                   "earlier run.")
+@device_option
+@no_base_cache_option
 @click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
 def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
                 sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
@@ -348,8 +358,7 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     from clbench import registry
     from clbench.suites import build_run_spec
 
-    if not _DEVICE.match(device):
-        raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
+    check_device(device)
     run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
                          overrides=parse_sets(sets), model=model_name, device=device,
                          reuse_base_row=not no_base_cache)
@@ -376,11 +385,8 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
               help="Override applied to every run (repeatable), as in `clbench run`.")
 @click.option("--model", "model_name", default=None, metavar="NAME",
               help="Model to train instead of the suite's default.")
-@click.option("--device", default="auto", show_default=True, metavar="auto|cpu|cuda[:N]",
-              help="Where to train and evaluate.")
-@click.option("--no-base-cache", "no_base_cache", is_flag=True,
-              help="Evaluate row 0 (the base model) even when an identical row is cached from an "
-                   "earlier run.")
+@device_option
+@no_base_cache_option
 def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
                   sets: tuple[str, ...], model_name: str | None, device: str,
                   no_base_cache: bool) -> None:
@@ -395,8 +401,7 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
     from clbench import protocol
     from clbench.suites import load_suite, resolve_suite
 
-    if not _DEVICE.match(device):
-        raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
+    check_device(device)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
