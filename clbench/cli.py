@@ -34,7 +34,8 @@ device_option = click.option("--device", default="auto", show_default=True,
                              metavar="auto|cpu|cuda[:N]", help="Where to train and evaluate.")
 no_base_cache_option = click.option(
     "--no-base-cache", "no_base_cache", is_flag=True,
-    help="Evaluate row 0 (the base model) even when an identical row is cached from an earlier run.")
+    help="Evaluate row 0 (the base model) even when an identical row is cached from an "
+         "earlier run.")
 
 
 def check_device(device: str) -> None:
