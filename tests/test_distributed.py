@@ -112,6 +112,30 @@ def test_mixed_precision_keeps_small_updates_that_bf16_weights_lose(tmp_path: Pa
     assert fraction_bf16 < 0.1, fraction_bf16
 
 
+def test_forwards_under_the_runs_autocast_see_every_weight_update() -> None:
+    """The run's autocast spans evaluation and training, so it must not keep torch's cache of
+    bf16 weight copies: with it, every forward after the first used the weights as first cast
+    (the base model), rows after a stage scored the base model's linear layers, and a training
+    forward after a no-grad one got no gradient for them."""
+    dist = Distributed.create("cpu", "bfloat16", True)
+    model, _ = load_model("tiny-llama", device="cpu", dtype=dist.precision.weights, seed=0)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    weight = model.model.layers[0].mlp.down_proj.weight
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    with dist.autocast():
+        with torch.no_grad():
+            before = model(input_ids=ids).logits  # as row 0's evaluation does
+        model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
+        assert weight.grad is not None and float(weight.grad.abs().sum()) > 0
+        optimizer.step()
+        with torch.no_grad():
+            after = model(input_ids=ids).logits
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fresh = model(input_ids=ids).logits  # a new autocast casts the updated weights
+    assert not torch.equal(after, before)
+    assert torch.equal(after, fresh)
+
+
 def test_prepared_student_autocasts_only_under_the_runs_autocast() -> None:
     """The accelerator has no mixed precision of its own: accelerate would wrap the prepared
     forward in an autocast read from its process-wide state at prepare time (which another

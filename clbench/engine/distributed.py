@@ -286,7 +286,11 @@ class Distributed:
         same process) may have replaced."""
         if not self.precision.mixed:
             return nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.precision.compute)
+        # No weight cache: torch keeps the bf16 copy of each weight until the outermost autocast
+        # exits, and this one spans optimizer steps, so cached copies would be stale (every
+        # forward would see the weights as first cast). Each forward casts afresh instead.
+        return torch.autocast(device_type=self.device.type, dtype=self.precision.compute,
+                              cache_enabled=False)
 
     def prepare_student(self, model: nn.Module) -> nn.Module:
         """The module training forwards go through: :class:`StudentForward`, DDP-wrapped with
