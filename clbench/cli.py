@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clbench import __version__
-from clbench.errors import UserError
+from clbench.errors import Terminated, UserError, terminate_as_interrupt
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -57,21 +57,25 @@ def stderr_console() -> Console:
 
 
 class ClbenchGroup(click.Group):
-    """A click group that turns user errors into one message and exit status 2."""
+    """A click group that turns user errors into one message and exit status 2, and Ctrl-C or
+    SIGTERM into a clean stop (exit 130 or 143)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with terminate_as_interrupt():
+                return super().invoke(ctx)
         except UserError as exc:
             if ctx.find_root().params.get("debug"):
                 raise
             stderr_console().print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             if ctx.find_root().params.get("debug"):
                 raise
-            stderr_console().print("[yellow]interrupted[/]")
-            ctx.exit(130)  # the shell's convention for SIGINT
+            terminated = isinstance(exc, Terminated)
+            word = "terminated" if terminated else "interrupted"
+            stderr_console().print(f"[yellow]{word}[/]")
+            ctx.exit(Terminated.exit_code if terminated else 130)  # the shell's 128 + signal
 
 
 @click.group(cls=ClbenchGroup, context_settings=CONTEXT_SETTINGS)

@@ -41,7 +41,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from clbench import registry
 from clbench.atomic import atomic_write_json
-from clbench.errors import UserError
+from clbench.errors import Terminated, UserError
 from clbench.metrics.continual import compute_metrics
 from clbench.reporting import collect_results, comparison, print_comparison, print_summary
 from clbench.results import (
@@ -77,9 +77,9 @@ LOWER_IS_BETTER = {"forgetting", "intransigence"}
 
 
 class RunInterrupted(UserError):
-    """Ctrl-C: what was complete is saved; the run can be resumed."""
+    """Ctrl-C or SIGTERM: what was complete is saved; the run can be resumed."""
 
-    exit_code = 130
+    exit_code = 130  # 143 after SIGTERM (set when raised)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,10 +249,14 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 dist.wait()
                 progress.advance(stages_bar)
                 log.info("stage %d (%s) done", stage, spec.name)
-    except KeyboardInterrupt:
-        log.warning("interrupted during stage %d", stage)
-        raise RunInterrupted(f"interrupted; stages 1..{len(result.matrix) - 1} are saved in "
-                             f"{run_dir}. Continue with the same command plus --resume") from None
+    except KeyboardInterrupt as exc:
+        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
+        log.warning("%s during stage %d", how, stage)
+        stopped = RunInterrupted(f"{how}; stages 1..{len(result.matrix) - 1} are saved in "
+                                 f"{run_dir}. Continue with the same command plus --resume")
+        if isinstance(exc, Terminated):
+            stopped.exit_code = Terminated.exit_code
+        raise stopped from None
     except Exception as exc:
         result.status = "failed"
         result.error = f"stage {stage}: {type(exc).__name__}: {exc}"

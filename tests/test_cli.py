@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -187,6 +190,23 @@ def test_ctrl_c_exits_130_without_traceback(write_suite, fake_plugins, monkeypat
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
     assert result.exit_code == 130
     assert result.stderr == "interrupted\n" and "Traceback" not in result.output
+
+
+def test_sigterm_during_a_command_exits_143_and_restores_the_handler(write_suite, fake_plugins,
+                                                                     monkeypatch) -> None:
+    def terminated(run, resume, console):
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered to this (the main) thread
+        time.sleep(5)  # the handler raises before this returns
+        raise AssertionError("SIGTERM did not stop the command")
+
+    fake = types.ModuleType("clbench.protocol")
+    fake.execute = terminated  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "clbench.protocol", fake)
+    before = signal.getsignal(signal.SIGTERM)
+    result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
+    assert result.exit_code == 143
+    assert result.stderr == "terminated\n" and "Traceback" not in result.output
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 @pytest.mark.parametrize("source", ["tool_use.bfcl_simple", "math.arithmetic", "science.facts",

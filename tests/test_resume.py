@@ -113,3 +113,23 @@ def test_ctrl_c_mid_stage_keeps_completed_stages_and_exits_130(tmp_path: Path) -
     resumed = run_cli(common + ["--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert read_results(out / "results.json").status == "complete"
+
+
+@pytest.mark.slow
+def test_sigterm_mid_stage_stops_like_ctrl_c_and_exits_143(tmp_path: Path) -> None:
+    """What a scheduler sends before it kills a job: the same clean stop as Ctrl-C."""
+    from test_protocol import SUITE, run_cli, write_suite
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
+    out = tmp_path / "terminated"
+    common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
+              "--device", "cpu", "--out", str(out)]
+    code, output = _signal_mid_stage_2(common, tmp_path, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, output
+    assert "Traceback" not in output
+    assert "terminated (SIGTERM)" in output and "--resume" in output
+    partial = read_results(out / "results.json")
+    assert partial.status == "partial" and len(partial.matrix) == 2
+    resumed = run_cli(common + ["--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert read_results(out / "results.json").status == "complete"
