@@ -1,7 +1,8 @@
-"""Reading results back: the matrix and metrics of one run, and comparisons over seeds.
+"""Presenting runs: the plan of a run before it starts, the matrix and metrics of one run, and
+comparisons over seeds.
 
-Used at the end of a run, by `clbench report` and by `clbench sweep`. Pure presentation: nothing
-here trains or evaluates.
+Used by `clbench run --plan`, at the end of a run, by `clbench report` and by `clbench sweep`.
+Pure presentation: nothing here trains or evaluates.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
@@ -127,3 +131,62 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
                       f"{', '.join(incomplete)}[/]")
     print_comparison(console, data["comparison"])
     return data
+
+
+def _params(params: dict[str, Any]) -> str:
+    return " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in params.items())
+
+
+def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> None:
+    """The validated plan of a run: stages and budgets, columns, model, method config."""
+    suite = run.suite
+    console.print(f"[bold]suite[/] {escape(suite.name)} v{escape(suite.version)} "
+                  f"({escape(run.suite_file or '')})  hash {suite.content_hash()[:19]}",
+                  soft_wrap=True)
+    console.print(f"[bold]method[/] {escape(run.method.name)}  [bold]seed[/] {run.seed}  "
+                  f"[bold]device[/] {escape(run.device)}  [bold]out[/] {escape(run.out_dir)}",
+                  soft_wrap=True)
+    model = run.model
+    console.print(f"[bold]model[/] {escape(model.name)} (dtype {model.dtype}"
+                  + (f", revision {escape(model.revision)}" if model.revision else "") + ")")
+
+    stages = Table(title="stages", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                   collapse_padding=True,
+                   caption="train: items; prompts: per step; samples: per prompt; tokens: max "
+                           "new tokens; lr -: the method's", caption_justify="left")
+    stages.add_column("stage", no_wrap=True)
+    stages.add_column("task", overflow="fold", min_width=12)
+    for col in ("train", "steps", "prompts", "samples", "tokens", "temp", "lr"):
+        stages.add_column(col, no_wrap=True, justify="right")
+    for stage in suite.stages:
+        b = stage.budget
+        stages.add_row(stage.name, escape(stage.task.source),
+                       str(stage.task.train_size), str(b.steps), str(b.prompts_per_step),
+                       str(b.samples_per_prompt), str(b.max_new_tokens), f"{b.temperature:g}",
+                       "-" if b.lr is None else f"{b.lr:g}")
+    console.print(stages)
+
+    columns = Table(title="evaluation columns", title_justify="left", box=box.SIMPLE_HEAD,
+                    show_edge=False, collapse_padding=True)
+    for col in ("column", "kind", "source", "items"):
+        columns.add_column(col, no_wrap=True)
+    columns.add_column("params", overflow="fold", min_width=12)
+    eval_size = suite.protocol.eval_size
+    for stage in suite.stages:
+        columns.add_row(stage.name, "stream", escape(stage.task.source),
+                        str(stage.task.eval_size or eval_size), escape(_params(stage.task.params)))
+    for probe in suite.probes:
+        if probe.task is not None:
+            columns.add_row(probe.name, probe.kind, escape(probe.task.source),
+                            str(probe.task.eval_size or eval_size),
+                            escape(_params(probe.task.params)))
+        else:
+            lm = probe.lm_eval
+            columns.add_row(probe.name, probe.kind, escape(f"lm_eval:{lm.task}"),
+                            str(lm.limit) if lm.limit else "all", f"metric={escape(lm.metric)}")
+    console.print(columns)
+    console.print(f"[bold]metrics[/] {', '.join(suite.protocol.metrics)}; decoding "
+                  f"temperature {suite.protocol.decoding.temperature:g}, max new tokens "
+                  f"{suite.protocol.decoding.max_new_tokens}", soft_wrap=True)
+    console.print("[bold]method config[/] " + escape(json.dumps(method_config, default=str)),
+                  soft_wrap=True)
