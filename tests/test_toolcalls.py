@@ -1,4 +1,5 @@
-"""The tool-call grader core: parsing every call syntax, BFCL comparison rules, feedback, bounds."""
+"""The tool-call grader core: parsing every call syntax (toolcall_parsing), BFCL comparison
+rules, feedback, bounds (toolcalls)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import time
 
 import pytest
 
-from clbench.tasks.toolcalls import (MAX_CALLS, ToolCall, calls_start, check_calls, grade_calls,
-                                     normalize_string, parse_calls, values_equal)
+from clbench.tasks.toolcall_parsing import MAX_CALLS, ToolCall, calls_start, parse_calls
+from clbench.tasks.toolcalls import check_calls, grade_calls, normalize_string, values_equal
 
 WEATHER = {
     "name": "get_weather",
