@@ -75,6 +75,16 @@ def collect_results(run_dirs: Sequence[str | Path]) -> list[tuple[Path, RunResul
     return found
 
 
+def _suite_hash(result: RunResult) -> str:
+    """The hash of the run's suite as the current schema reads it, so runs from before a field
+    was added (at its default) group with runs from after; the stored hash if it no longer
+    validates."""
+    try:
+        return result.suite_spec().content_hash()
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        return result.suite_hash
+
+
 def comparison(results: Sequence[RunResult]) -> dict[str, Any]:
     """Mean ± std over seeds of every headline metric, per (suite, method)."""
     from clbench.metrics.aggregate import aggregate_over_seeds
@@ -83,7 +93,7 @@ def comparison(results: Sequence[RunResult]) -> dict[str, Any]:
     for r in results:
         if r.status != "complete":
             continue
-        key = f"{r.suite.get('name')}:{r.suite_hash[:15]}"
+        key = f"{r.suite.get('name')}:{_suite_hash(r)[:15]}"
         groups.setdefault(key, []).append({
             "method": r.method.name, "seed": r.seed,
             "metrics": {k: {"value": v.value} for k, v in r.metrics.items()}})

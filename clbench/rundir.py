@@ -1,7 +1,10 @@
 """The run directory: what identifies a run, refusing a folder that holds another, checkpoints.
 
-`run.json` holds the identity (suite hash, method and config, model, seed); a fresh run needs an
-empty folder and `--resume` needs this very run, so results are never overwritten by another.
+`run.json` holds the identity (the suite and its hash, method and config, model, seed); a fresh
+run needs an empty folder and `--resume` needs this very run, so results are never overwritten by
+another. The identity is compared as the current schemas read it: a field that a newer clbench
+added, at its default, does not make a run folder from before "another run" (a new field's
+default keeps the old behaviour), while any value that differs still does, named by its path.
 `checkpoints/stage{t}/` holds the student, the method's state and the RNG states of the last
 stage done, written into a temp folder and renamed into place.
 """
@@ -17,7 +20,7 @@ from clbench.atomic import atomic_dir
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 from clbench.seeding import rng_states
-from clbench.specs import RunSpec
+from clbench.specs import ModelSpec, RunSpec, SuiteSpec
 
 if TYPE_CHECKING:
     from clbench.engine.api import Method
@@ -36,15 +39,53 @@ class RunDirError(UserError):
 def run_identity(run: RunSpec, method_config: dict[str, Any]) -> dict[str, Any]:
     """What makes two runs the same run: suite content, method and config, model, seed."""
     return {"suite": run.suite.name, "suite_hash": run.suite.content_hash(),
+            "suite_spec": run.suite.model_dump(mode="json"),
             "method": run.method.name, "method_config": method_config,
             "model": run.model.model_dump(mode="json"), "seed": run.seed}
+
+
+def current_reading(identity: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
+    """`identity` as the current schemas read it: suite, model and method config re-validated,
+    so fields added since it was written appear at their defaults. A part that no longer
+    validates is kept as written (it then differs, which is the truth).
+
+    Identities written before the suite itself was stored only have its hash; the suite is then
+    taken from the run's results.json when there is one."""
+    from pydantic import ValidationError
+
+    from clbench import registry
+
+    out = dict(identity)
+    suite = identity.get("suite_spec")
+    if suite is None and run_dir is not None and (run_dir / RESULTS_FILENAME).is_file():
+        try:
+            suite = read_results(run_dir / RESULTS_FILENAME).suite
+        except UserError:
+            suite = None
+    if isinstance(suite, dict):
+        try:
+            spec = SuiteSpec.model_validate(suite)
+            out["suite_spec"], out["suite_hash"] = spec.model_dump(mode="json"), spec.content_hash()
+        except ValidationError:
+            out["suite_spec"] = suite
+    try:
+        out["model"] = ModelSpec.model_validate(identity.get("model")).model_dump(mode="json")
+    except ValidationError:
+        pass
+    try:
+        config = registry.validate_method_params(identity.get("method", ""),
+                                                 identity.get("method_config"))
+        out["method_config"] = config.model_dump(mode="json")
+    except UserError:
+        pass
+    return out
 
 
 def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunResult | None:
     """Refuse a directory of another run; return the existing result when resuming.
 
     Fresh start: the directory must be absent or empty. Resume: it must hold this very run
-    (same suite hash, method config, model and seed) or be empty.
+    (same suite, method config, model and seed, as the current schemas read them) or be empty.
     """
     id_file = run_dir / IDENTITY_FILE
     if not run_dir.exists() or not any(run_dir.iterdir()):
@@ -52,8 +93,11 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
     if not id_file.is_file():
         raise RunDirError(f"{run_dir} is not empty and holds no clbench run ({IDENTITY_FILE} "
                           "missing); choose another --out")
-    found = json.loads(id_file.read_text(encoding="utf-8"))
-    diffs = _differences(found, identity)
+    found = current_reading(json.loads(id_file.read_text(encoding="utf-8")), run_dir)
+    # The suite is compared field by field when both sides have it, else by its hash alone.
+    drop = "suite_hash" if "suite_spec" in found else "suite_spec"
+    diffs = _differences({k: v for k, v in found.items() if k != drop},
+                         {k: v for k, v in current_reading(identity).items() if k != drop})
     if diffs:
         detail = "; ".join(f"{path}: {_short(there)} there, {_short(now)} now"
                            for path, there, now in diffs[:4])
@@ -67,14 +111,19 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
 
 
 def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """(dotted path, value there, value now) of every leaf where `wanted` differs from `found`,
-    so a message names `model.mixed_precision`, not the whole model."""
+    """(path, value there, value now) of every leaf where `wanted` differs from `found`, so a
+    message names `model.mixed_precision` or `suite_spec.stages[0].budget.steps`, not the whole
+    model or suite."""
     if isinstance(found, dict) and isinstance(wanted, dict):
         out = []
         for key in wanted.keys() | found.keys():
             sub = f"{path}.{key}" if path else str(key)
             out += _differences(found.get(key, "(absent)"), wanted.get(key, "(absent)"), sub)
         return sorted(out, key=lambda d: d[0])
+    if isinstance(found, list) and isinstance(wanted, list) and len(found) == len(wanted):
+        # `stages[0].budget.steps`, the spelling `--set` takes
+        return [d for i, (a, b) in enumerate(zip(found, wanted))
+                for d in _differences(a, b, f"{path}[{i}]")]
     return [] if found == wanted else [(path, found, wanted)]
 
 

@@ -1,0 +1,113 @@
+"""The run directory's identity across clbench versions: a run folder written before a field was
+added (at its default) is still this run; a real difference is refused and named by its path."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from clbench import registry
+from clbench.results import RESULTS_FILENAME, new_result, write_results
+from clbench.rundir import IDENTITY_FILE, RunDirError, check_run_dir, run_identity
+from clbench.suites import build_run_spec
+
+
+def _run(tmp_path: Path, *overrides: str):
+    run = build_run_spec("smoke", "sft", seed=0, out_dir=tmp_path / "run", overrides=overrides)
+    config = registry.validate_method_params("sft", run.method.params).model_dump(mode="json")
+    return run, config
+
+
+def _old_hash(suite: dict) -> str:
+    # what content_hash gave for this dump when the schema had no more fields than it holds
+    canonical = json.dumps(suite, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _older_identity(identity: dict) -> dict:
+    """`identity` as a clbench without `model.mixed_precision` and the method's `warmup_steps`
+    would have written it."""
+    old = copy.deepcopy(identity)
+    del old["suite_spec"]["model"]["mixed_precision"]
+    del old["model"]["mixed_precision"]
+    del old["method_config"]["warmup_steps"]
+    old["suite_hash"] = _old_hash(old["suite_spec"])
+    return old
+
+
+def _write(run_dir: Path, identity: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / IDENTITY_FILE).write_text(json.dumps(identity))
+
+
+def test_a_field_added_at_its_default_does_not_make_another_run(tmp_path: Path) -> None:
+    run, config = _run(tmp_path)
+    now = run_identity(run, config)
+    old = _older_identity(now)
+    assert old["suite_hash"] != now["suite_hash"]  # the hash alone would refuse it
+    _write(tmp_path / "run", old)
+    assert check_run_dir(tmp_path / "run", now, resume=True) is None  # no results yet: fresh
+
+
+def test_a_field_added_with_another_value_is_a_difference_named_by_path(tmp_path: Path) -> None:
+    run, config = _run(tmp_path, "model.mixed_precision=false")
+    now = run_identity(run, config)
+    default_run, default_config = _run(tmp_path)
+    _write(tmp_path / "run", _older_identity(run_identity(default_run, default_config)))
+    with pytest.raises(RunDirError) as err:
+        check_run_dir(tmp_path / "run", now, resume=True)
+    message = str(err.value)
+    assert "model.mixed_precision: true there, false now" in message
+    assert "suite_hash" not in message  # the suite is compared field by field
+
+
+def test_a_changed_budget_is_named_not_hashed(tmp_path: Path) -> None:
+    run, config = _run(tmp_path)
+    _write(tmp_path / "run", run_identity(run, config))
+    other, other_config = _run(tmp_path, "stages[0].budget.steps=7")
+    with pytest.raises(RunDirError) as err:
+        check_run_dir(tmp_path / "run", run_identity(other, other_config), resume=True)
+    steps = run.suite.stages[0].budget.steps
+    assert f"suite_spec.stages[0].budget.steps: {steps} there, 7 now" in str(err.value)
+
+
+def test_an_identity_without_the_suite_reads_it_from_results(tmp_path: Path) -> None:
+    run, config = _run(tmp_path)
+    now = run_identity(run, config)
+    old = _older_identity(now)
+    suite = old.pop("suite_spec")  # identities did not store the suite before
+    _write(tmp_path / "run", old)
+    # Without results.json there is only the old hash to go by: refused.
+    with pytest.raises(RunDirError, match="suite_hash"):
+        check_run_dir(tmp_path / "run", now, resume=True)
+    # The results of the first rows hold the suite as run: read through the current schema it
+    # is this suite, so the run resumes.
+    result = new_result(run, config)
+    result.suite = suite
+    write_results(tmp_path / "run" / RESULTS_FILENAME, result)
+    previous = check_run_dir(tmp_path / "run", now, resume=True)
+    assert previous is not None and previous.status == "partial"
+
+
+def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_path: Path) -> None:
+    from clbench.reporting import comparison
+    from clbench.results import MetricValue
+
+    run, config = _run(tmp_path)
+    results = []
+    for seed, acc in [(0, 0.5), (1, 0.7)]:
+        result = new_result(run.model_copy(update={"seed": seed}), config)
+        result.status, result.metrics = "complete", {"acc": MetricValue(value=acc)}
+        results.append(result)
+    older = results[0]
+    del older.suite["model"]["mixed_precision"]
+    older.suite_hash = _old_hash(older.suite)
+    table = comparison(results)
+    assert len(table) == 1  # one suite, not two
+    (methods,) = table.values()
+    summary = methods["sft"]["acc"]
+    assert summary["n"] == 2 and summary["mean"] == pytest.approx(0.6)
