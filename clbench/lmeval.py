@@ -1,16 +1,18 @@
 """General-ability probes through lm-evaluation-harness, on the model in memory.
 
-A probe column names an lm-eval task (a built-in one such as `mmlu`, one from an
+A probe column names an lm-eval task or group (a built-in one such as `mmlu`, one from an
 ``include_path`` folder, or a task YAML path). It runs in-process: lm-eval's HF wrapper is put
 around the model being trained, so no checkpoint is written. clbench ships one small offline task,
 ``clbench_general_mc`` (``clbench/data/lmeval/``), so the path works without the hub.
 
+The score is one lm-eval result key, ``metric,filter`` (:func:`result_key`); the cell's records
+are the documents scored under that filter, from every leaf task when the probe names a group.
+:func:`check_probe` finds an unknown name before a run loads its model.
+
 lm-eval resolves relative ``data_files`` against the working directory, not the YAML's folder, so
 every include folder is copied into a temporary folder with those paths made absolute first.
 
-The inverse direction, :func:`export_lm_eval`, writes every clbench task of a suite as an
-lm-eval task (YAML + JSONL of the eval items + a `utils.py` whose `process_results` calls the
-clbench grader), so anyone can score a checkpoint on a suite with lm-eval itself.
+The inverse direction, writing a suite's tasks as lm-eval tasks, is :mod:`clbench.lmeval_export`.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ def _absolute(value: Any, folder: Path) -> Any:
 def resolve_task_folder(source: Path, dest: Path) -> list[str]:
     """Copy `source` (a folder of lm-eval YAMLs) to `dest` with relative data files resolved.
 
-    Returns the task names the folder defines. Helper modules (`!function utils.f`) and
-    `include:` files keep working because the whole tree is copied.
+    Returns the task, group and tag names the folder's files name themselves. Helper modules
+    (`!function utils.f`) and `include:` files keep working because the whole tree is copied.
     """
     if not source.is_dir():
         raise LmEvalProbeError(f"lm-eval include_path {source} is not a folder")
@@ -94,8 +96,12 @@ def resolve_task_folder(source: Path, dest: Path) -> list[str]:
             raise LmEvalProbeError(f"{original}: not valid YAML: {exc}") from None
         if not isinstance(doc, dict):
             continue
-        if isinstance(doc.get("task"), str):
-            names.append(doc["task"])
+        for key in ("task", "group", "tag"):  # a group's `task:` is its list of members
+            value = doc.get(key)
+            if isinstance(value, str):
+                names.append(value)
+            elif key == "tag" and isinstance(value, list):
+                names += [v for v in value if isinstance(v, str)]
         kwargs = doc.get("dataset_kwargs")
         if isinstance(kwargs, dict) and "data_files" in kwargs:
             kwargs["data_files"] = _absolute(kwargs["data_files"], original.parent)
@@ -119,9 +125,12 @@ def prepared_tasks(probe: LmEvalProbe, base_dir: Path | None = None
         if not yaml_path.is_file():
             raise LmEvalProbeError(f"lm-eval task file {yaml_path} does not exist")
         doc = yaml.load(yaml_path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
-        if not isinstance(doc, dict) or not isinstance(doc.get("task"), str):
-            raise LmEvalProbeError(f"{yaml_path}: an lm-eval task YAML needs a `task:` name")
-        task = doc["task"]
+        doc = doc if isinstance(doc, dict) else {}
+        # a group's `task:` lists its members; the group's own name is `group:`
+        task = doc.get("group") if isinstance(doc.get("group"), str) else doc.get("task")
+        if not isinstance(task, str):
+            raise LmEvalProbeError(f"{yaml_path}: an lm-eval task YAML needs a `task:` name "
+                                   "(a group YAML a `group:` name)")
         sources.append(yaml_path.parent)
     if probe.include_path:
         sources.append(_resolve(probe.include_path, base))
@@ -155,28 +164,107 @@ def _resolve(path: str, base: Path) -> Path:
 # Running a probe
 # ---------------------------------------------------------------------------------------------
 
+@contextmanager
+def _task_manager(probe: LmEvalProbe, base_dir: Path | None) -> Iterator[tuple[str, Any]]:
+    """Yield (task or group name, lm-eval TaskManager that knows it), inside the prepared folders.
+
+    Raises :class:`LmEvalProbeError` for a name lm-eval does not know, or one that is only a tag
+    (a tag runs its tasks but reports no score of its own).
+    """
+    from lm_eval.tasks import TaskManager
+
+    with prepared_tasks(probe, base_dir) as (task, folders, need_defaults), _quiet_lm_eval():
+        if need_defaults and not _mentioned(task, [*map(Path, folders), _builtin_task_dir()]):
+            raise _unknown(task)
+        manager = TaskManager(include_path=folders, include_defaults=need_defaults)
+        entry = manager.task_index.get(task)
+        if entry is None:
+            raise _unknown(task)
+        if entry.kind.name == "TAG":
+            raise LmEvalProbeError(
+                f"lm-eval name {task!r} is a tag: lm-eval reports no score for a tag, only for "
+                f"each of its tasks; name one task, or a group with an `aggregate_metric_list`")
+        if not need_defaults and _refers_elsewhere(entry.cfg, manager.task_index):
+            # a group of ours may gather built-in tasks (e.g. `task: [arc_easy, hellaswag]`)
+            manager = TaskManager(include_path=folders, include_defaults=True)
+        yield task, manager
+
+
+def _refers_elsewhere(cfg: dict[str, Any] | None, index: dict[str, Any],
+                     seen: frozenset[str] = frozenset()) -> bool:
+    """Whether a group config names a member (through its subgroups) that `index` lacks."""
+    if not cfg or "group" not in cfg:
+        return False
+    members = cfg.get("task")
+    for member in members if isinstance(members, list) else [members]:
+        if isinstance(member, dict) and "group" in member:
+            if _refers_elsewhere(member, index, seen):
+                return True
+            continue
+        name = member.get("task") if isinstance(member, dict) else member
+        if not isinstance(name, str) or name in seen:
+            continue
+        if name not in index or _refers_elsewhere(index[name].cfg, index, seen | {name}):
+            return True
+    return False
+
+
+def check_probe(probe: LmEvalProbe, base_dir: Path | None = None) -> None:
+    """Fail now, not when the first row reaches the probe, if its task or group is unknown.
+
+    Reads the task folders only. Naming a built-in task makes lm-eval index all of its tasks
+    (~15 s); a name found in none of the task files is refused in about a second.
+    """
+    with _task_manager(probe, base_dir):
+        pass
+
+
+def _unknown(task: str) -> LmEvalProbeError:
+    return LmEvalProbeError(
+        f"lm-eval task {task!r} is unknown (offline task shipped with clbench: "
+        f"{OFFLINE_TASK!r}; add a folder of task YAMLs with `include_path`)")
+
+
+def _builtin_task_dir() -> Path:
+    import lm_eval.tasks
+
+    return Path(lm_eval.tasks.__file__).resolve().parent
+
+
+def _mentioned(name: str, roots: Sequence[Path]) -> bool:
+    """Whether `name` occurs in the text of any task file (YAML, or extensionless template).
+
+    lm-eval reads every task, group and tag name from those files, so a name that occurs in none
+    is unknown. Scanning the text takes ~1 s where lm-eval's index of its built-in tasks takes
+    ~15 s, so a misspelled name is refused at once (a name that occurs goes to the index).
+    """
+    needle = name.encode()
+    for root in roots:
+        for path in root.rglob("*"):
+            if path.suffix in ("", ".yaml", ".yml") and path.is_file() \
+                    and needle in path.read_bytes():
+                return True
+    return False
+
+
 def run_probe(column: str, model: Any, tokenizer: Any, probe: LmEvalProbe, *,
               batch_size: int = 8, base_dir: Path | None = None, seed: int = 0,
               bootstrap_samples: int = 1000, bootstrap_seed: int = 0) -> CellResult:
-    """Score the in-memory model on one lm-eval task; one record per evaluated document.
+    """Score the in-memory model on one lm-eval task or group; one record per document.
 
-    The score is the task's ``probe.metric`` (e.g. ``acc``); records carry the per-document
-    metric so the cell's bootstrap interval is over the same items as the score. `seed` seeds
-    lm-eval (few-shot sampling and the like), `bootstrap_seed` the interval.
+    The score is lm-eval's own aggregate for the result key :func:`result_key` picks from
+    ``probe.metric`` (for a group: the group's aggregate over its tasks). The records are the
+    documents scored under that key's filter, with their per-document metric, so the cell's
+    bootstrap interval is over the items behind the score; a group's record ids are
+    ``<task>/<doc_id>``. `seed` seeds lm-eval (few-shot sampling and the like), `bootstrap_seed`
+    the interval.
     """
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
 
     was_training = model.training
     device = str(next(model.parameters()).device)
-    with prepared_tasks(probe, base_dir) as (task, folders, need_defaults), \
-            _quiet_lm_eval():
-        manager = TaskManager(include_path=folders, include_defaults=need_defaults)
-        if task not in manager.all_tasks:
-            raise LmEvalProbeError(
-                f"lm-eval task {task!r} is unknown (offline task shipped with clbench: "
-                f"{OFFLINE_TASK!r}; add a folder of task YAMLs with `include_path`)")
+    with _task_manager(probe, base_dir) as (task, manager):
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=device)
         out = simple_evaluate(model=lm, tasks=[task], num_fewshot=probe.num_fewshot,
                               limit=probe.limit, task_manager=manager, log_samples=True,
@@ -185,18 +273,64 @@ def run_probe(column: str, model: Any, tokenizer: Any, probe: LmEvalProbe, *,
     model.train(was_training)  # the wrapper switches the model to eval mode
     if out is None:
         raise RuntimeError("lm-eval returned no results")
-    results = out["results"].get(task, {})
-    key = f"{probe.metric},none"
-    if key not in results:
-        metrics = sorted({k.split(",")[0] for k in results if "," in k and "stderr" not in k})
-        raise LmEvalProbeError(f"lm-eval task {task!r} has no metric {probe.metric!r}; it "
-                               f"reports: {', '.join(metrics) or 'nothing'}")
-    records = [_record(s, probe.metric) for s in out["samples"].get(task, [])]
+    results = out["results"]
+    groups = out.get("group_subtasks") or {}
+    leaves = _leaf_tasks(task, groups)
+    key = result_key(task, probe.metric, results.get(task, {}),
+                     [results.get(leaf, {}) for leaf in leaves])
+    metric, filter_name = key.split(",", 1)
+    records = []
+    for leaf in leaves:
+        if key not in results.get(leaf, {}):
+            continue  # lm-eval leaves such a task out of the group's aggregate too
+        prefix = f"{leaf}/" if task in groups else ""
+        # one sample per (document, filter): keep the documents scored under the key's filter
+        records += [_record(s, metric, prefix) for s in out["samples"].get(leaf, [])
+                    if s.get("filter") == filter_name]
     cell = summarise_cell(column, records, bootstrap_samples, bootstrap_seed)
     cell.source = "lm_eval"
-    cell.score = float(results[key])  # lm-eval's own aggregate (not always a plain mean)
+    cell.score = float(results[task][key])  # lm-eval's own aggregate (not always a plain mean)
     cell.mean_reward = cell.score
     return cell
+
+
+def result_key(task: str, metric: str, reported: dict[str, Any],
+               members: Sequence[dict[str, Any]] = ()) -> str:
+    """The `metric,filter` key of lm-eval's results that scores `task`.
+
+    `metric` with a comma is the key itself; a bare metric means `metric,none` when that is
+    reported, else the metric's only filter. `reported` is the task's (or group's) result,
+    `members` those of a group's tasks, which say what a group without that aggregate lacks.
+    """
+    keys = {k for entry in [reported, *members] for k in entry
+            if "," in k and "_stderr," not in k}
+    if "," in metric:
+        key = metric
+    else:
+        named = sorted(k for k in keys if k.split(",", 1)[0] == metric)
+        if f"{metric},none" in named or not named:
+            key = f"{metric},none"
+        elif len(named) == 1:
+            key = named[0]
+        else:
+            raise LmEvalProbeError(
+                f"lm-eval task {task!r} reports {metric!r} under several filters: "
+                f"{', '.join(named)}; name one as `metric: {named[0]}`")
+    if key not in keys:
+        raise LmEvalProbeError(f"lm-eval task {task!r} has no metric {metric!r}; it reports: "
+                               f"{', '.join(sorted(keys)) or 'nothing'}")
+    if key not in reported:
+        raise LmEvalProbeError(
+            f"lm-eval group {task!r} reports no aggregate for {key} (its tasks do); give the "
+            f"group an `aggregate_metric_list` with that metric, or name one of its tasks")
+    return key
+
+
+def _leaf_tasks(name: str, group_subtasks: dict[str, list[str]]) -> list[str]:
+    """The tasks under `name`, through nested groups (`name` itself when it is a task)."""
+    if name not in group_subtasks:
+        return [name]
+    return [leaf for child in group_subtasks[name] for leaf in _leaf_tasks(child, group_subtasks)]
 
 
 def probe_higher_is_better(metric: str) -> bool:
@@ -204,10 +338,10 @@ def probe_higher_is_better(metric: str) -> bool:
     return not any(k in metric for k in ("perplexity", "ppl", "bits_per_byte", "ter"))
 
 
-def _record(sample: dict[str, Any], metric: str) -> ItemRecord:
+def _record(sample: dict[str, Any], metric: str, prefix: str = "") -> ItemRecord:
     value = sample.get(metric)
     score = float(value) if isinstance(value, (int, float)) else 0.0
-    return ItemRecord(id=str(sample.get("doc_id")), completion=_response_text(sample),
+    return ItemRecord(id=f"{prefix}{sample.get('doc_id')}", completion=_response_text(sample),
                       reward=min(max(score, 0.0), 1.0), correct=score >= 1.0)
 
 
@@ -242,97 +376,11 @@ def shipped_tasks() -> Sequence[str]:
         return resolve_task_folder(SHIPPED_TASK_DIR, Path(tmp) / "shipped")
 
 
-# ---------------------------------------------------------------------------------------------
-# Export: clbench tasks -> lm-eval tasks
-# ---------------------------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    # The export half moved to clbench.lmeval_export; `utils.py` files exported before import
+    # grade_exported_doc from here, and callers may import export_lm_eval from here.
+    if name in ("export_lm_eval", "grade_exported_doc", "render_transcript"):
+        from clbench import lmeval_export
 
-_UTILS = '''"""Grading of clbench tasks exported for lm-eval (needs `clbench` installed)."""
-
-from clbench.lmeval import grade_exported_doc
-
-
-def process_results(doc, results):
-    return grade_exported_doc(doc, results[0])
-'''
-
-
-def render_transcript(messages: Sequence[dict[str, str]]) -> str:
-    """A chat as plain text with role labels, ending with the assistant's turn to speak."""
-    parts = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-    return "\n\n".join(parts) + "\n\nAssistant:"
-
-
-def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
-    """Write every clbench task of `suite` (stages and task probes) as an lm-eval task.
-
-    Per column: `<suite>_<column>.yaml` and `<suite>_<column>.jsonl` (the same eval items the
-    protocol evaluates), plus one shared `utils.py`. The tasks are `generate_until` with the
-    protocol's greedy decoding; `process_results` grades with the clbench grader and reports
-    `acc` (fraction correct) and `reward`. Returns the YAML paths.
-    """
-    import json
-
-    from clbench import registry
-
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    columns = [(s.name, s.task, f"stages[{i}].task.params") for i, s in enumerate(suite.stages)]
-    columns += [(p.name, p.task, f"probes[{i}].task.params")
-                for i, p in enumerate(suite.probes) if p.task is not None]
-    decoding = suite.protocol.decoding
-    written = []
-    for column, spec, where in columns:
-        task = registry.build_task(spec, where=where)
-        size = spec.eval_size or suite.protocol.eval_size
-        name = f"clbench_{suite.name}_{column}".replace("-", "_").replace(".", "_")
-        data = out / f"{name}.jsonl"
-        with open(data, "w", encoding="utf-8") as fh:
-            for ex in task.examples("eval", spec.seed, size):
-                fh.write(json.dumps({
-                    "id": ex.id, "prompt": render_transcript(ex.messages),
-                    "messages": ex.messages, "reference": ex.reference, "answer": ex.answer,
-                    "metadata": ex.metadata, "source": spec.source, "params": spec.params},
-                    ensure_ascii=False) + "\n")
-        config = {
-            "task": name, "tag": [f"clbench_{suite.name}".replace("-", "_")],
-            "dataset_path": "json",
-            # lm-eval does not resolve relative data files against this folder: absolute path.
-            "dataset_kwargs": {"data_files": {"test": str(data)}},
-            "test_split": "test", "output_type": "generate_until",
-            "doc_to_text": "{{prompt}}", "doc_to_target": "{{reference}}",
-            "generation_kwargs": {"until": ["\nUser:", "\n\nUser:"], "do_sample": False,
-                                  "max_gen_toks": decoding.max_new_tokens},
-            "process_results": _Tagged("!function", "utils.process_results"),
-            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                            {"metric": "reward", "aggregation": "mean",
-                             "higher_is_better": True}],
-            "metadata": {"version": 1.0, "suite": suite.name, "suite_version": suite.version,
-                         "suite_hash": suite.content_hash(), "column": column},
-        }
-        path = out / f"{name}.yaml"
-        path.write_text(f"# exported by clbench from suite {suite.name!r}, column {column!r}\n"
-                        + yaml.dump(config, Dumper=_Dumper, sort_keys=False), encoding="utf-8")
-        written.append(path)
-    (out / "utils.py").write_text(_UTILS, encoding="utf-8")
-    return written
-
-
-_GRADERS: dict[str, Any] = {}
-
-
-def grade_exported_doc(doc: dict[str, Any], completion: str) -> dict[str, float]:
-    """Grade an exported item with its clbench task source: `{"acc", "reward"}`."""
-    import json
-
-    from clbench import registry
-    from clbench.specs import TaskSpec
-    from clbench.tasks.base import Example
-
-    key = json.dumps([doc["source"], doc.get("params") or {}], sort_keys=True)
-    if key not in _GRADERS:
-        _GRADERS[key] = registry.build_task(TaskSpec(source=doc["source"],
-                                                     params=doc.get("params") or {}))
-    example = Example(id=doc["id"], messages=doc["messages"], reference=doc["reference"],
-                      answer=doc["answer"], metadata=doc.get("metadata") or {})
-    grade = _GRADERS[key].grade(example, completion)
-    return {"acc": 1.0 if grade.correct else 0.0, "reward": float(grade.reward)}
+        return getattr(lmeval_export, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

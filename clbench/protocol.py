@@ -149,6 +149,7 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
         console.print(f"[green]{run_dir} is already complete[/]")
         print_summary(console, previous)
         return previous
+    check_lm_eval_probes(run)  # every process: it only reads task folders
     handler = None
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -161,6 +162,18 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
         if handler is not None:
             logging.getLogger("clbench").removeHandler(handler)
             handler.close()
+
+
+def check_lm_eval_probes(run: RunSpec) -> None:
+    """Refuse an unknown lm-eval task now, before the model loads, rather than when row 0
+    reaches the probe's column (half an hour into a CPU run)."""
+    probes = [p.lm_eval for p in run.suite.probes if p.lm_eval is not None]
+    if probes:
+        from clbench.lmeval import check_probe
+
+        base = Path(run.suite_file).parent if run.suite_file else None
+        for probe in probes:
+            check_probe(probe, base)
 
 
 def make_distributed(run: RunSpec) -> Distributed:

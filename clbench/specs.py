@@ -74,8 +74,12 @@ class StageSpec(Spec):
 class LmEvalProbe(Spec):
     """A general-ability probe run through lm-evaluation-harness on the in-memory model."""
 
-    task: str = Field(description="lm-eval task name (e.g. `mmlu`) or a path to a task YAML.")
-    metric: str = Field(default="acc", description="Metric of the lm-eval result used as score.")
+    task: str = Field(description="lm-eval task or group name (e.g. `mmlu`) or a path to a "
+                      "task YAML; a group is scored by lm-eval's aggregate over its tasks.")
+    metric: str = Field(default="acc", description="lm-eval result used as score, `metric` or "
+                        "`metric,filter` (e.g. `exact_match,strict-match` for gsm8k). A bare "
+                        "metric means its `none` filter, or its only filter; name the filter "
+                        "when the task reports several.")
     include_path: str | None = Field(default=None, description="Folder of extra lm-eval task "
                                      "YAMLs; relative paths are resolved against the suite file.")
     num_fewshot: int | None = Field(default=None, ge=0, description="Few-shot examples.")

@@ -1,25 +1,30 @@
-"""lm-eval probes on the in-memory model (offline task shipped in the repo) and task export."""
+"""lm-eval probes on the in-memory model (offline tasks: shipped in the repo and the fixtures in
+tests/fixtures/lmeval), the early check of probe names, and task export."""
 
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from clbench import registry
+from clbench import lmeval, registry
 from clbench.lmeval import (
     OFFLINE_TASK,
     SHIPPED_TASK_DIR,
     LmEvalProbeError,
-    export_lm_eval,
-    grade_exported_doc,
+    check_probe,
     resolve_task_folder,
     run_probe,
 )
+from clbench.lmeval_export import export_lm_eval, grade_exported_doc
 from clbench.specs import LmEvalProbe, SuiteSpec
+
+FIXTURES = Path(__file__).parent / "fixtures" / "lmeval"
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +94,6 @@ def test_relative_data_files_are_resolved_and_function_tags_kept(tmp_path: Path)
     assert (src / "sub" / "t.yaml").read_text().count("test: d.jsonl") == 1  # source untouched
 
 
-@pytest.mark.slow  # an unknown name makes lm-eval index all of its built-in tasks
 def test_unknown_task_is_a_clear_error(tiny) -> None:
     model, tok = tiny
     with pytest.raises(LmEvalProbeError, match="lm-eval task 'no_such_task_xyz' is unknown"):
@@ -102,6 +106,142 @@ def test_unknown_metric_and_missing_file_are_clear_errors(tiny) -> None:
         run_probe("g", model, tok, LmEvalProbe(task=OFFLINE_TASK, metric="f1", limit=2))
     with pytest.raises(LmEvalProbeError, match="does not exist"):
         run_probe("g", model, tok, LmEvalProbe(task="missing/task.yaml"))
+
+
+def _greedy(model, tok, prompt: str, max_tokens: int) -> str:
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False)
+    return tok.decode(out[0, ids["input_ids"].shape[1]:]).split("\n")[0]
+
+
+def test_a_metric_with_several_filters_is_named_with_its_filter(tiny) -> None:
+    model, tok = tiny
+    probe = LmEvalProbe(task="fixture_gen_two_filters", metric="exact_match",
+                        include_path=str(FIXTURES))
+    with pytest.raises(LmEvalProbeError, match=re.escape(
+            "reports 'exact_match' under several filters: exact_match,loose, exact_match,strict; "
+            "name one as `metric: exact_match,loose`")):
+        run_probe("g", model, tok, probe)
+    # each filter's value per document, by hand: the greedy answer (loose), its first digit
+    # (strict, lm-eval's regex filter; "[invalid]" without one)
+    docs = [json.loads(x) for x in (FIXTURES / "gen.jsonl").read_text().splitlines()]
+    model.eval()
+    loose = [_greedy(model, tok, d["q"], 4) for d in docs]
+    strict = [m.group(1) if (m := re.search(r"(\d)", a)) else "[invalid]" for a in loose]
+    right = {}
+    for name, values in (("strict", strict), ("loose", loose)):
+        cell = run_probe("g", model, tok, LmEvalProbe(
+            task="fixture_gen_two_filters", metric=f"exact_match,{name}",
+            include_path=str(FIXTURES)), batch_size=4, bootstrap_samples=50)
+        assert cell.n == len(cell.records) == len(docs)  # one record per document, not per filter
+        assert [r.id for r in cell.records] == [str(i) for i in range(len(docs))]
+        assert [r.completion for r in cell.records] == values
+        right[name] = [v == d["a"] for v, d in zip(values, docs)]
+        assert [r.correct for r in cell.records] == right[name]
+        assert cell.score == pytest.approx(sum(right[name]) / len(docs))
+    assert right["strict"] != right["loose"]  # the data tells the filters apart
+    # one filter that is not `none`: a bare metric means it
+    cell = run_probe("g", model, tok, LmEvalProbe(
+        task="fixture_gen_one_filter", metric="exact_match", include_path=str(FIXTURES)),
+        batch_size=4, bootstrap_samples=50)
+    assert [r.completion for r in cell.records] == strict
+    assert cell.score == pytest.approx(sum(right["strict"]) / len(docs))
+
+
+def test_a_group_is_scored_by_its_aggregate_over_the_records_of_its_tasks(tiny) -> None:
+    model, tok = tiny
+    cell = run_probe("g", model, tok, LmEvalProbe(task="fixture_mc_group",
+                                                  include_path=str(FIXTURES)),
+                     batch_size=4, bootstrap_samples=50)
+    model.eval()
+    means, total = [], 0
+    for name in ("fixture_mc_a", "fixture_mc_b"):
+        docs = [json.loads(x) for x in
+                (FIXTURES / f"{name.removeprefix('fixture_')}.jsonl").read_text().splitlines()]
+        records = [r for r in cell.records if r.id.startswith(f"{name}/")]
+        assert [r.id for r in records] == [f"{name}/{i}" for i in range(len(docs))]
+        for doc, rec in zip(docs, records):  # the records agree with log-likelihoods by hand
+            context = f"Question: {doc['question']}\nAnswer:"
+            scores = [_choice_logprob(model, tok, context, " " + c) for c in doc["choices"]]
+            best = max(range(len(scores)), key=scores.__getitem__)
+            assert rec.completion == " " + doc["choices"][best]
+            assert rec.correct == (best == doc["answer"])
+        means.append(sum(r.correct for r in records) / len(docs))
+        total += len(docs)
+    assert cell.n == len(cell.records) == total == 10
+    # the group's aggregate (weight_by_size: false): the mean of the tasks' means, which here
+    # is not the mean over all documents
+    assert cell.score == pytest.approx(sum(means) / 2)
+    assert cell.score != pytest.approx(sum(r.correct for r in cell.records) / total)
+    with pytest.raises(LmEvalProbeError, match="group 'fixture_mc_group_no_aggregate' reports "
+                                               "no aggregate for acc,none"):
+        run_probe("g", model, tok, LmEvalProbe(task="fixture_mc_group_no_aggregate",
+                                               include_path=str(FIXTURES), limit=1))
+
+
+def test_check_probe_refuses_an_unknown_name_without_indexing_lm_evals_tasks(monkeypatch
+                                                                                ) -> None:
+    import lm_eval.tasks
+
+    built: list[dict] = []
+    real = lm_eval.tasks.TaskManager
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager",
+                        lambda **kw: built.append(kw) or real(**kw))
+    start = time.monotonic()
+    with pytest.raises(LmEvalProbeError, match="lm-eval task 'fixture_mc_gruop' is unknown"):
+        check_probe(LmEvalProbe(task="fixture_mc_gruop", include_path=str(FIXTURES)))
+    assert built == [] and time.monotonic() - start < 20  # no ~15 s index of built-in tasks
+    with pytest.raises(LmEvalProbeError, match="'fixture_gen_tasks' is a tag"):
+        check_probe(LmEvalProbe(task="fixture_gen_tasks", include_path=str(FIXTURES)))
+    check_probe(LmEvalProbe(task="fixture_mc_group", include_path=str(FIXTURES)))
+    check_probe(LmEvalProbe(task=str(FIXTURES / "mc_group.yaml")))  # a group's YAML file
+    check_probe(LmEvalProbe(task=OFFLINE_TASK))
+    assert [kw["include_defaults"] for kw in built] == [False] * 4
+
+
+def test_a_group_of_ours_over_built_in_tasks_brings_the_built_in_index() -> None:
+    from lm_eval.tasks import TaskManager
+
+    from clbench.lmeval import _refers_elsewhere
+
+    index = TaskManager(include_path=str(FIXTURES), include_defaults=False).task_index
+    assert not _refers_elsewhere(index["fixture_mc_group"].cfg, index)
+    assert not _refers_elsewhere(index["fixture_mc_a"].cfg, index)  # a task: no members
+    mixed = {"group": "g", "task": ["fixture_mc_a", {"group": "sub", "task": ["arc_easy"]}]}
+    assert _refers_elsewhere(mixed, index)
+    assert _refers_elsewhere({"group": "g", "task": "hellaswag"}, index)
+
+
+def test_a_misspelled_lm_eval_task_stops_a_run_before_the_model_loads(tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    import clbench.models
+    from test_protocol import SUITE, run_cli, write_suite
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(clbench.models, "load_model", no_model)
+    suite = write_suite(tmp_path, SUITE.replace("protocol:", (
+        "  - name: general\n    kind: general\n    lm_eval: {task: clbench_general_mcq}\n"
+        "protocol:")))
+    out = tmp_path / "run"
+    start = time.monotonic()
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--out", str(out),
+                   "--device", "cpu"])
+    assert res.exit_code == 2, res.output
+    assert "lm-eval task 'clbench_general_mcq' is unknown" in " ".join(res.output.split())
+    assert not (out / "results.json").exists() and not (out / "items").exists()
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.slow  # indexes lm-eval's built-in tasks (~15 s a check)
+def test_check_probe_knows_built_in_groups_and_refuses_tags() -> None:
+    check_probe(LmEvalProbe(task="mmlu_redux_generative", metric="exact_match"))  # suites/paper
+    with pytest.raises(LmEvalProbeError, match="'mmlu_redux_stem_generative' is a tag"):
+        check_probe(LmEvalProbe(task="mmlu_redux_stem_generative"))
+    with pytest.raises(LmEvalProbeError, match="'mmlu_redux_generativ' is unknown"):
+        check_probe(LmEvalProbe(task="mmlu_redux_generativ"))  # a prefix of a known name
 
 
 def test_export_writes_tasks_that_lm_eval_runs_with_our_grader(tmp_path: Path, tiny) -> None:
@@ -120,6 +260,10 @@ def test_export_writes_tasks_that_lm_eval_runs_with_our_grader(tmp_path: Path, t
         assert len(docs) == 6 and docs[0]["prompt"].endswith("User: #5200\n\nAssistant:")
         assert grade_exported_doc(docs[0], docs[0]["reference"]) == {"acc": 1.0, "reward": 1.0}
         assert grade_exported_doc(docs[0], "3") == {"acc": 0.0, "reward": 0.0}
+        # utils.py files exported before the export half moved import it from clbench.lmeval
+        assert "from clbench.lmeval_export import grade_exported_doc" in \
+            (tmp_path / "export" / "utils.py").read_text()
+        assert lmeval.grade_exported_doc is grade_exported_doc
 
         model, tok = tiny
         out = simple_evaluate(

@@ -1,0 +1,107 @@
+"""Export: every clbench task of a suite written as an lm-eval task.
+
+Per column, a YAML and a JSONL of the eval items, plus a shared `utils.py` whose
+`process_results` calls the clbench grader, so anyone can score a checkpoint on a suite with
+lm-eval itself. The opposite direction, lm-eval tasks as probes, is :mod:`clbench.lmeval`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clbench.lmeval import _Dumper, _Tagged
+
+_UTILS = '''"""Grading of clbench tasks exported for lm-eval (needs `clbench` installed)."""
+
+from clbench.lmeval_export import grade_exported_doc
+
+
+def process_results(doc, results):
+    return grade_exported_doc(doc, results[0])
+'''
+
+
+def render_transcript(messages: Sequence[dict[str, str]]) -> str:
+    """A chat as plain text with role labels, ending with the assistant's turn to speak."""
+    parts = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
+    return "\n\n".join(parts) + "\n\nAssistant:"
+
+
+def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
+    """Write every clbench task of `suite` (stages and task probes) as an lm-eval task.
+
+    Per column: `<suite>_<column>.yaml` and `<suite>_<column>.jsonl` (the same eval items the
+    protocol evaluates), plus one shared `utils.py`. The tasks are `generate_until` with the
+    protocol's greedy decoding; `process_results` grades with the clbench grader and reports
+    `acc` (fraction correct) and `reward`. Returns the YAML paths.
+    """
+    import json
+
+    from clbench import registry
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    columns = [(s.name, s.task, f"stages[{i}].task.params") for i, s in enumerate(suite.stages)]
+    columns += [(p.name, p.task, f"probes[{i}].task.params")
+                for i, p in enumerate(suite.probes) if p.task is not None]
+    decoding = suite.protocol.decoding
+    written = []
+    for column, spec, where in columns:
+        task = registry.build_task(spec, where=where)
+        size = spec.eval_size or suite.protocol.eval_size
+        name = f"clbench_{suite.name}_{column}".replace("-", "_").replace(".", "_")
+        data = out / f"{name}.jsonl"
+        with open(data, "w", encoding="utf-8") as fh:
+            for ex in task.examples("eval", spec.seed, size):
+                fh.write(json.dumps({
+                    "id": ex.id, "prompt": render_transcript(ex.messages),
+                    "messages": ex.messages, "reference": ex.reference, "answer": ex.answer,
+                    "metadata": ex.metadata, "source": spec.source, "params": spec.params},
+                    ensure_ascii=False) + "\n")
+        config = {
+            "task": name, "tag": [f"clbench_{suite.name}".replace("-", "_")],
+            "dataset_path": "json",
+            # lm-eval does not resolve relative data files against this folder: absolute path.
+            "dataset_kwargs": {"data_files": {"test": str(data)}},
+            "test_split": "test", "output_type": "generate_until",
+            "doc_to_text": "{{prompt}}", "doc_to_target": "{{reference}}",
+            "generation_kwargs": {"until": ["\nUser:", "\n\nUser:"], "do_sample": False,
+                                  "max_gen_toks": decoding.max_new_tokens},
+            "process_results": _Tagged("!function", "utils.process_results"),
+            "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                            {"metric": "reward", "aggregation": "mean",
+                             "higher_is_better": True}],
+            "metadata": {"version": 1.0, "suite": suite.name, "suite_version": suite.version,
+                         "suite_hash": suite.content_hash(), "column": column},
+        }
+        path = out / f"{name}.yaml"
+        path.write_text(f"# exported by clbench from suite {suite.name!r}, column {column!r}\n"
+                        + yaml.dump(config, Dumper=_Dumper, sort_keys=False), encoding="utf-8")
+        written.append(path)
+    (out / "utils.py").write_text(_UTILS, encoding="utf-8")
+    return written
+
+
+_GRADERS: dict[str, Any] = {}
+
+
+def grade_exported_doc(doc: dict[str, Any], completion: str) -> dict[str, float]:
+    """Grade an exported item with its clbench task source: `{"acc", "reward"}`."""
+    import json
+
+    from clbench import registry
+    from clbench.specs import TaskSpec
+    from clbench.tasks.base import Example
+
+    key = json.dumps([doc["source"], doc.get("params") or {}], sort_keys=True)
+    if key not in _GRADERS:
+        _GRADERS[key] = registry.build_task(TaskSpec(source=doc["source"],
+                                                     params=doc.get("params") or {}))
+    example = Example(id=doc["id"], messages=doc["messages"], reference=doc["reference"],
+                      answer=doc["answer"], metadata=doc.get("metadata") or {})
+    grade = _GRADERS[key].grade(example, completion)
+    return {"acc": 1.0 if grade.correct else 0.0, "reward": float(grade.reward)}
