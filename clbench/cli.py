@@ -334,18 +334,27 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
               help="Model to train instead of the suite's default.")
 @device_option
 @no_base_cache_option
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N",
+              help="Runs at once, each a `clbench run` process logging to <out>/logs/ (1: one "
+                   "after another in this process). On the CPU each gets an equal share of the "
+                   "cores unless OMP_NUM_THREADS is set.")
 def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
                   sets: tuple[str, ...], model_name: str | None, device: str,
-                  no_base_cache: bool) -> None:
+                  no_base_cache: bool, jobs: int) -> None:
     """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
 
-    Ends with a comparison table: mean ± std over seeds per method (n = seeds).
+    Ends with a comparison table: mean ± std over seeds per method (n = seeds). With
+    --jobs N, up to N runs go side by side (a small model leaves most of a GPU idle), with
+    a live table of their stages; a run that fails does not stop the others, and the sweep
+    exits with status 2 naming it and its log once the rest are done.
 
     \b
     Example:
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1,2 --out runs/starter
+      clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --device cuda --jobs 6
     """
-    from clbench import protocol
+    from clbench import sweep
     from clbench.suites import load_suite, resolve_suite
 
     check_device(device)
@@ -359,9 +368,9 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
         raise UserError("--methods and --seeds must each name at least one value")
     if out_root is None:
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
-    protocol.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
-                   model=model_name, device=device, reuse_base_row=not no_base_cache,
-                   console=stdout_console())
+    sweep.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
+                model=model_name, device=device, reuse_base_row=not no_base_cache, jobs=jobs,
+                console=stdout_console())
 
 
 @cli.command("report")

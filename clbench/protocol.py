@@ -21,8 +21,8 @@ split over the processes and their records gathered in item order, lm-eval probe
 main process. Only the main process writes files, logs and prints; a barrier follows each write.
 
 The run directory's identity and checkpoints live in :mod:`clbench.rundir`, the columns and the
-evaluation of a row in :mod:`clbench.rows`, seeds in :mod:`clbench.seeding`. `sweep` (a grid of
-methods x seeds) closes this module; tables live in :mod:`clbench.reporting`.
+evaluation of a row in :mod:`clbench.rows`, seeds in :mod:`clbench.seeding`. A grid of methods x
+seeds is :mod:`clbench.sweep`; tables live in :mod:`clbench.reporting`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import json
 import logging
 import shutil
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,14 +42,13 @@ from clbench import registry
 from clbench.atomic import atomic_write_json
 from clbench.errors import Terminated, UserError
 from clbench.metrics.continual import compute_metrics
-from clbench.reporting import collect_results, comparison, print_comparison, print_summary
+from clbench.reporting import print_summary
 from clbench.results import (
     RESULTS_FILENAME,
     MetricValue,
     RunResult,
     StageRecord,
     new_result,
-    read_results,
     write_results,
 )
 from clbench.rows import base_row, evaluate_row, plan_columns, to_cells
@@ -318,49 +316,3 @@ def _account(result: RunResult, elapsed: float, device: torch.device) -> None:
     else:
         peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
     result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)
-
-
-def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
-          overrides: Sequence[str] = (), model: str | None = None, device: str = "auto",
-          reuse_base_row: bool = True, console: Console | None = None) -> dict[str, Any]:
-    """Run methods x seeds into `out_root/<method>/s<seed>`: complete runs are skipped,
-    partial ones resumed. Ends with the comparison table over seeds."""
-    from clbench.engine.distributed import launched_world_size
-    from clbench.suites import build_run_spec
-
-    if launched_world_size() > 1:
-        # a run that fails on one process would leave the others waiting in a collective
-        raise UserError("clbench sweep cannot run under a multi-process launch; launch one "
-                        "`clbench run` per method and seed instead")
-    console = console or Console()
-    runs = [build_run_spec(suite_ref, m, seed=s, out_dir=Path(out_root) / m / f"s{s}",
-                           overrides=overrides, model=model, device=device,
-                           reuse_base_row=reuse_base_row)
-            for m in methods for s in seeds]  # validate the whole grid before training
-    dirs = []
-    for run in runs:
-        run_dir = Path(run.out_dir)
-        dirs.append(run_dir)
-        existing = run_dir / RESULTS_FILENAME
-        if existing.is_file():
-            status = read_results(existing).status
-            if status == "complete":
-                method = registry.build_method(run.method)
-                check_run_dir(run_dir, run_identity(run, method.config.model_dump(mode="json")),
-                              resume=True)
-                console.print(f"[dim]skip {run.method.name} seed {run.seed}: complete[/]")
-                continue
-        resume = (run_dir / IDENTITY_FILE).is_file()
-        console.rule(f"{run.method.name} seed {run.seed}" + (" (resume)" if resume else ""))
-        try:
-            execute(run, resume=resume, console=console)
-        except RunInterrupted:
-            raise
-        except UserError:
-            raise
-        except Exception as exc:  # one broken run must not lose the rest of the grid
-            console.print(f"[red]{run.method.name} seed {run.seed} failed: {exc}[/]")
-    data = comparison([r for _, r in collect_results([d for d in dirs
-                                                      if (d / RESULTS_FILENAME).is_file()])])
-    print_comparison(console, data)
-    return data

@@ -33,7 +33,8 @@ def assert_user_error(result: Result, *fragments: str) -> None:
 def test_version_and_help() -> None:
     assert invoke("--version").output == "clbench, version 0.1.0\n"
     for command in (["--help"], ["list", "--help"], ["validate", "--help"], ["schema", "--help"],
-                    ["tasks", "--help"], ["tasks", "show", "--help"], ["run", "--help"]):
+                    ["tasks", "--help"], ["tasks", "show", "--help"], ["run", "--help"],
+                    ["sweep", "--help"]):
         result = invoke(*command)
         assert result.exit_code == 0
         assert "Example:" in result.output, command

@@ -241,7 +241,7 @@ def test_sweep_refuses_a_multi_process_launch(tmp_path: Path,
 
 
 def test_sweep_skips_complete_runs_and_report_aggregates(tmp_path: Path) -> None:
-    from clbench.protocol import sweep
+    from clbench.sweep import sweep
     from clbench.reporting import report
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))

@@ -1,0 +1,365 @@
+"""The grid of a sweep: methods x seeds, each run in `<out_root>/<method>/s<seed>`.
+
+This module owns the grid: enumerating and validating its runs, skipping complete ones, running
+the others one at a time in this process (`jobs=1`) or up to N at a time as child processes
+(`clbench run ... --resume`, one per run), and the closing comparison over seeds. One run itself
+is :func:`clbench.protocol.execute`.
+
+Child processes log to `<out_root>/logs/<method>-s<seed>.log` (appended, so a resumed run keeps
+its history), never into the run directory, which refuses anything but a clbench run. A child
+that fails does not stop the others; the sweep lists it with the end of its log and exits
+non-zero after the comparison of what completed. Ctrl-C, SIGTERM or SIGHUP to the sweep sends
+SIGTERM to every child (each saves its completed stages) and waits for them; no child outlives
+the sweep, except after a SIGKILL, which nothing can catch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from clbench import registry
+from clbench.errors import Terminated, UserError
+from clbench.protocol import RunInterrupted, execute
+from clbench.reporting import collect_results, comparison, print_comparison
+from clbench.results import RESULTS_FILENAME
+from clbench.rundir import IDENTITY_FILE, check_run_dir, run_identity
+from clbench.specs import RunSpec
+
+#: Seconds between looks at the children (exit status, results.json) while they run.
+POLL_SECONDS = 1.0
+#: Seconds a child gets to save and exit after SIGTERM before it is killed.
+STOP_GRACE_SECONDS = 30.0
+#: Lines of a failed child's log shown at the end of the sweep.
+LOG_TAIL_LINES = 12
+
+
+def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
+          overrides: Sequence[str] = (), model: str | None = None, device: str = "auto",
+          reuse_base_row: bool = True, jobs: int = 1,
+          console: Console | None = None) -> dict[str, Any]:
+    """Run methods x seeds into `out_root/<method>/s<seed>`: complete runs are skipped, partial
+    ones resumed; `jobs` > 1 runs up to that many at once as child processes. Ends with the
+    comparison table over seeds (returned as data).
+
+    Raises :class:`UserError` naming the failed runs when a child failed (after the comparison),
+    :class:`RunInterrupted` on Ctrl-C or SIGTERM.
+    """
+    from clbench.engine.distributed import launched_world_size
+    from clbench.suites import build_run_spec
+
+    if launched_world_size() > 1:
+        # a run that fails on one process would leave the others waiting in a collective
+        raise UserError("clbench sweep cannot run under a multi-process launch; launch one "
+                        "`clbench run` per method and seed instead")
+    if jobs < 1:
+        raise UserError(f"--jobs {jobs}: expected at least 1")
+    console = console or Console()
+    out_root = Path(out_root)
+    # The whole grid is validated before anything trains. Each pair once: two children of the
+    # same pair would write into the same run directory.
+    runs = [build_run_spec(suite_ref, m, seed=s, out_dir=out_root / m / f"s{s}",
+                           overrides=overrides, model=model, device=device,
+                           reuse_base_row=reuse_base_row)
+            for m in dict.fromkeys(methods) for s in dict.fromkeys(seeds)]
+    pending = []
+    for run in runs:
+        if is_complete(run):
+            console.print(f"[dim]skip {escape(run.method.name)} seed {run.seed}: complete[/]")
+        else:
+            pending.append(run)
+    failed: list[Child] = []
+    if jobs == 1:
+        run_in_process(pending, console)
+    elif pending:
+        launch = ChildLauncher(out_root, overrides, model, device, reuse_base_row,
+                               threads=threads_per_child(device, min(jobs, len(pending))))
+        failed = run_as_children(pending, launch, jobs, console)
+    dirs = [Path(r.out_dir) for r in runs if (Path(r.out_dir) / RESULTS_FILENAME).is_file()]
+    data = comparison([r for _, r in collect_results(dirs)])
+    print_comparison(console, data)
+    if failed:
+        report_failures(failed, len(runs), console)
+    return data
+
+
+def is_complete(run: RunSpec) -> bool:
+    """True when the run's directory holds this very run, complete. Refuses (RunDirError) a
+    directory that holds another run, before anything of the grid trains."""
+    method = registry.build_method(run.method)
+    previous = check_run_dir(Path(run.out_dir),
+                             run_identity(run, method.config.model_dump(mode="json")),
+                             resume=True)
+    return previous is not None and previous.status == "complete"
+
+
+def run_in_process(runs: Sequence[RunSpec], console: Console) -> None:
+    """One run after another in this process; a run that breaks does not lose the rest."""
+    for run in runs:
+        resume = (Path(run.out_dir) / IDENTITY_FILE).is_file()
+        console.rule(f"{run.method.name} seed {run.seed}" + (" (resume)" if resume else ""))
+        try:
+            execute(run, resume=resume, console=console)
+        except UserError:  # RunInterrupted included: the sweep stops with the run
+            raise
+        except Exception as exc:  # one broken run must not lose the rest of the grid
+            console.print(f"[red]{escape(run.method.name)} seed {run.seed} failed: "
+                          f"{escape(str(exc))}[/]")
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs as child processes
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class ChildLauncher:
+    """How a child process of the sweep is started: its command, environment and log file."""
+
+    out_root: Path
+    overrides: Sequence[str]
+    model: str | None
+    device: str
+    reuse_base_row: bool
+    threads: int | None = None  # OMP_NUM_THREADS of each child; None: the sweep's environment
+
+    def command(self, run: RunSpec) -> list[str]:
+        """`clbench run` for this run; --resume starts fresh in an empty or missing directory
+        and continues a partial one."""
+        command = [sys.executable, "-m", "clbench.cli", "run", "--suite", str(run.suite_file),
+                   "--method", run.method.name, "--seed", str(run.seed),
+                   "--out", str(run.out_dir), "--resume", "--device", self.device]
+        for override in self.overrides:
+            command += ["--set", override]
+        if self.model is not None:
+            command += ["--model", self.model]
+        if not self.reuse_base_row:
+            command.append("--no-base-cache")
+        return command
+
+    def environment(self) -> dict[str, str]:
+        """The sweep's environment with the child's thread count."""
+        env = dict(os.environ)
+        if self.threads is not None:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
+        env["PYTHONUNBUFFERED"] = "1"  # the log shows progress as it happens
+        env.setdefault("COLUMNS", "160")  # a file is 80 columns to rich: tables would wrap
+        return env
+
+    def log_path(self, run: RunSpec) -> Path:
+        return self.out_root / "logs" / f"{run.method.name}-s{run.seed}.log"
+
+    def start(self, run: RunSpec) -> subprocess.Popen[bytes]:
+        command, log_path = self.command(run), self.log_path(run)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} "
+                      f"{shlex.join(command)}\n".encode())
+            log.flush()
+            # Own session: a Ctrl-C at the terminal reaches the sweep alone, which then stops
+            # every child with one SIGTERM (two signals could cut a child's saving short).
+            return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, env=self.environment(),
+                                    start_new_session=True)
+
+
+def threads_per_child(device: str, parallel: int) -> int | None:
+    """On the CPU, unless the user set OMP_NUM_THREADS, each of `parallel` children gets an
+    equal share of the cores: N runs each using every core would oversubscribe them. None
+    (leave the environment alone) on a GPU or when the user chose."""
+    from clbench.models import resolve_device
+
+    if "OMP_NUM_THREADS" in os.environ or resolve_device(device).type != "cpu":
+        return None
+    return max(1, available_cpus() // parallel)
+
+
+def available_cpus() -> int:
+    """Cores this process may run on (its affinity mask), else every core of the machine."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@dataclass
+class Child:
+    """One run of the grid on its way through a child process."""
+
+    run: RunSpec
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    started: float | None = None
+    ended: float | None = None
+    state: str = "waiting"  # running, complete, failed, interrupted
+
+    @property
+    def name(self) -> str:
+        return f"{self.run.method.name} seed {self.run.seed}"
+
+    def finish(self, code: int, stopped: bool = False) -> None:
+        """Record the exit status; `stopped`: the sweep stopped it (a kill is no failure)."""
+        self.ended = time.monotonic()
+        stopped = stopped or code in (130, Terminated.exit_code, -signal.SIGTERM, -signal.SIGINT)
+        self.state = "complete" if code == 0 else "interrupted" if stopped else "failed"
+
+    def stages_done(self) -> str:
+        """`done/T` from results.json (row 0 is the base model), `-/T` before row 0 exists."""
+        total = len(self.run.suite.stages)
+        try:
+            path = Path(self.run.out_dir) / RESULTS_FILENAME
+            result = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # not written yet (written atomically, never half)
+            return f"-/{total}"
+        return f"{max(0, len(result.get('matrix', [])) - 1)}/{total}"
+
+    def elapsed(self) -> str:
+        if self.started is None:
+            return ""
+        seconds = int((self.ended or time.monotonic()) - self.started)
+        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+STATE_STYLE = {"waiting": "dim", "running": "cyan", "complete": "green", "failed": "red",
+               "interrupted": "yellow"}
+
+
+def progress_table(children: Sequence[Child]) -> Table:
+    table = Table(title="sweep", title_justify="left")
+    for column in ("method", "seed", "state", "stages", "elapsed"):
+        table.add_column(column, justify="right" if column in ("seed", "elapsed") else "left")
+    for c in children:
+        style = STATE_STYLE[c.state]
+        table.add_row(escape(c.run.method.name), str(c.run.seed), f"[{style}]{c.state}[/]",
+                      c.stages_done(), c.elapsed())
+    return table
+
+
+def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
+                    console: Console) -> list[Child]:
+    """Run each run in a child process, up to `jobs` at once, with a live table; return the
+    children that failed. On Ctrl-C or SIGTERM every child is stopped and RunInterrupted raised;
+    whatever happens, no child is left running."""
+    children = [Child(run, launch.log_path(run)) for run in runs]
+    stop: KeyboardInterrupt | None = None
+    try:
+        with hangup_as_termination(), Live(progress_table(children), console=console,
+                                           auto_refresh=False) as live:
+            try:
+                _supervise(children, launch, jobs, console, live)
+            except KeyboardInterrupt as exc:
+                stop = exc
+                word = "terminated" if isinstance(exc, Terminated) else "interrupted"
+                console.print(f"[yellow]{word}: stopping the running runs (each saves its "
+                              "completed stages)[/]")
+                stop_children(children)
+                live.update(progress_table(children), refresh=True)
+        if not console.is_terminal:
+            console.line()  # Live ends its last frame with a newline on a terminal only
+    finally:
+        stop_children(children)  # after anything else (a bug, a second Ctrl-C): none left running
+    if stop is not None:
+        terminated = isinstance(stop, Terminated)
+        stopped = RunInterrupted(
+            f"{'terminated (SIGTERM)' if terminated else 'interrupted'}; the completed stages "
+            f"of every run are saved under {launch.out_root}. Continue with the same command")
+        stopped.exit_code = Terminated.exit_code if terminated else 130
+        raise stopped
+    return [c for c in children if c.state == "failed"]
+
+
+def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, console: Console,
+               live: Live) -> None:
+    waiting = list(children)
+    while True:
+        for child in children:
+            if child.state == "running" and child.process is not None:
+                code = child.process.poll()
+                if code is not None:
+                    child.finish(code)
+                    colour = STATE_STYLE[child.state]
+                    console.print(f"[{colour}]{escape(child.name)}: {child.state}"
+                                  + ("" if code == 0 else f" (exit {code})") + "[/]")
+        while waiting and sum(c.state == "running" for c in children) < jobs:
+            child = waiting.pop(0)
+            child.process = launch.start(child.run)
+            child.state, child.started = "running", time.monotonic()
+            console.print(f"{escape(child.name)}: started, log {escape(str(child.log_path))}")
+        live.update(progress_table(children), refresh=True)
+        if not waiting and not any(c.state == "running" for c in children):
+            return
+        time.sleep(POLL_SECONDS)
+
+
+def stop_children(children: Sequence[Child], grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM to every running child, wait up to `grace` seconds, then kill what is left. A
+    second Ctrl-C or SIGTERM while waiting kills them at once."""
+    running = [c for c in children if c.state == "running" and c.process is not None]
+    signalled = []
+    for child in running:
+        assert child.process is not None
+        if child.process.poll() is None:
+            child.process.send_signal(signal.SIGTERM)
+            signalled.append(child)
+    try:
+        deadline = time.monotonic() + grace
+        for child in signalled:
+            assert child.process is not None
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        for child in running:
+            assert child.process is not None
+            if child.process.poll() is None:
+                child.process.kill()
+            child.finish(child.process.wait(), stopped=child in signalled)
+
+
+@contextmanager
+def hangup_as_termination() -> Iterator[None]:
+    """While inside, SIGHUP (the terminal closed) stops the sweep like SIGTERM: the children
+    run in their own session and would not get the hangup themselves. Left alone when SIGHUP
+    is ignored (nohup) or handled by someone else."""
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGHUP, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+def report_failures(failed: Sequence[Child], total: int, console: Console) -> None:
+    """Each failed run with the end of its log, then the UserError that names them all."""
+    for child in failed:
+        console.rule(f"[red]{escape(child.name)} failed[/]")
+        console.print(f"log: {escape(str(child.log_path))}", soft_wrap=True)
+        try:
+            lines = child.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            lines = []
+        for line in lines[-LOG_TAIL_LINES:]:
+            console.print(escape(line), soft_wrap=True, highlight=False)
+    names = "; ".join(f"{c.name} (log {c.log_path})" for c in failed)
+    raise UserError(f"{len(failed)} of {total} runs failed: {names}")

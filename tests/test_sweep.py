@@ -1,0 +1,227 @@
+"""`clbench sweep --jobs N`: runs of the grid as child processes, side by side.
+
+The children are real `clbench run` processes, so the grid uses built-in plugins (the smoke
+suite, method `sft`) that a fresh interpreter finds. They run with OMP_NUM_THREADS=1, as the
+in-process reference does, so the arithmetic, and hence every score, is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+from clbench.cli import cli
+from clbench.results import read_results, write_results
+from clbench.suites import build_run_spec
+from clbench.sweep import ChildLauncher, available_cpus, sweep, threads_per_child
+
+SEEDS = (0, 1)
+
+
+def run_dir(root: Path, seed: int) -> Path:
+    return root / "sft" / f"s{seed}"
+
+
+def items(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text()
+            for p in sorted((folder / "items").rglob("*.jsonl"))}
+
+
+def sweep_cli(root: Path, seeds: str, *extra: str) -> Result:
+    return CliRunner(env={"COLUMNS": "200"}).invoke(cli, [
+        "sweep", "--suite", "smoke", "--methods", "sft", "--seeds", seeds, "--out", str(root),
+        "--device", "cpu", "--jobs", "2", *extra])
+
+
+@pytest.fixture(scope="module")
+def in_process_grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """sft x seeds 0, 1 on the smoke suite, run one after another in this process (--jobs 1),
+    with row 0 evaluated rather than taken from a cache."""
+    root = tmp_path_factory.mktemp("in-process") / "grid"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("CLBENCH_BASE_ROWS", str(tmp_path_factory.mktemp("base-rows")))
+            sweep("smoke", ["sft"], SEEDS, root, device="cpu", reuse_base_row=False)
+    finally:
+        torch.set_num_threads(threads)
+    yield root
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_child(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+# ---------------------------------------------------------------------------------------------
+# The child's command and environment
+# ---------------------------------------------------------------------------------------------
+
+def test_child_command_carries_every_option_of_the_sweep(tmp_path: Path) -> None:
+    run = build_run_spec("smoke", "sft", seed=3, out_dir=tmp_path / "sft" / "s3",
+                         overrides=["method.lr=2e-5"], model="tiny-llama", device="cpu",
+                         reuse_base_row=False)
+    launch = ChildLauncher(tmp_path, ["method.lr=2e-5"], "tiny-llama", "cpu",
+                           reuse_base_row=False, threads=4)
+    command = launch.command(run)
+    assert command[:4] == [sys.executable, "-m", "clbench.cli", "run"]
+    args = " ".join(command[4:])
+    assert f"--suite {run.suite_file} --method sft --seed 3 --out {tmp_path}/sft/s3 " \
+           "--resume --device cpu --set method.lr=2e-5 --model tiny-llama --no-base-cache" == args
+    assert launch.log_path(run) == tmp_path / "logs" / "sft-s3.log"
+    env = launch.environment()
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
+
+
+def test_cpu_threads_are_shared_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert threads_per_child("cpu", 2) is None  # OMP_NUM_THREADS=1 is set (autouse fixture)
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert threads_per_child("cpu", 2) == max(1, available_cpus() // 2)
+    assert threads_per_child("cpu", 10 * available_cpus()) == 1
+
+
+def test_jobs_below_one_and_multi_process_launches_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    res = sweep_cli(tmp_path / "grid", "0", "--jobs", "0")
+    assert res.exit_code == 2 and "0 is not in the range x>=1" in res.output
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as accelerate launch / torchrun set it
+    res = sweep_cli(tmp_path / "grid", "0")
+    assert res.exit_code == 2 and "multi-process launch" in res.output
+    assert not (tmp_path / "grid").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Sweeps with child processes
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_jobs_2_gives_the_results_of_the_in_process_sweep(tmp_path: Path,
+                                                          in_process_grid: Path) -> None:
+    root = tmp_path / "grid"
+    res = sweep_cli(root, "0,1", "--no-base-cache")
+    assert res.exit_code == 0, res.output
+    for seed in SEEDS:
+        there, here = run_dir(in_process_grid, seed), run_dir(root, seed)
+        a, b = read_results(there / "results.json"), read_results(here / "results.json")
+        assert b.status == "complete"
+        assert a.score_matrix() == b.score_matrix()
+        assert {k: v.value for k, v in a.metrics.items()} == \
+            {k: v.value for k, v in b.metrics.items()}
+        assert items(there) == items(here)
+        log = (root / "logs" / f"sft-s{seed}.log").read_text()
+        assert f"--seed {seed} --out {here} --resume" in log and "after science" in log
+        assert f"sft seed {seed}: complete" in res.output
+    assert "mean ± std over seeds" in res.output and "(n=2)" in res.output
+    assert sorted(p.name for p in root.iterdir()) == ["logs", "sft"]  # logs outside run dirs
+
+
+def test_complete_runs_are_skipped_not_relaunched(tmp_path: Path, in_process_grid: Path) -> None:
+    root = tmp_path / "grid"
+    shutil.copytree(in_process_grid, root)
+    before = {s: (run_dir(root, s) / "results.json").read_bytes() for s in SEEDS}
+    res = sweep_cli(root, "0,1,1")  # a seed given twice is one run
+    assert res.exit_code == 0, res.output
+    assert "skip sft seed 0: complete" in res.output
+    assert res.output.count("skip sft seed 1: complete") == 1
+    assert {s: (run_dir(root, s) / "results.json").read_bytes() for s in SEEDS} == before
+    assert not (root / "logs").exists() and "started" not in res.output  # no child
+    assert "(n=2)" in res.output
+
+
+def test_a_failed_child_leaves_the_others_and_is_named_with_its_log(
+        tmp_path: Path, in_process_grid: Path) -> None:
+    root = tmp_path / "grid"
+    shutil.copytree(in_process_grid, root)
+    # Seed 1 looks resumable to the sweep (its own run, stage 1 of 2 done) but its stage-1
+    # checkpoint was pruned when stage 2 finished: the child fails when it loads it.
+    broken = read_results(run_dir(root, 1) / "results.json")
+    broken.status = "partial"
+    broken.matrix, broken.row_labels, broken.stages = \
+        broken.matrix[:2], broken.row_labels[:2], broken.stages[:1]
+    write_results(run_dir(root, 1) / "results.json", broken)
+    complete = (run_dir(root, 0) / "results.json").read_bytes()
+
+    res = sweep_cli(root, "0,1,2")
+    assert res.exit_code == 2, res.output
+    log = root / "logs" / "sft-s1.log"
+    assert f"1 of 3 runs failed: sft seed 1 (log {log})" in " ".join(res.stderr.split())
+    assert "checkpoint" in log.read_text() and "cannot be resumed" in log.read_text()
+    assert "cannot be resumed" in res.stdout  # the end of the log is shown
+    assert read_results(run_dir(root, 2) / "results.json").status == "complete"
+    assert (run_dir(root, 0) / "results.json").read_bytes() == complete  # skipped
+    assert sorted(p.name for p in (root / "logs").iterdir()) == ["sft-s1.log", "sft-s2.log"]
+    assert "(n=2)" in res.stdout  # seeds 0 and 2 are compared
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _stages_done(folder: Path) -> int:
+    try:
+        return len(json.loads((folder / "results.json").read_text())["matrix"]) - 1
+    except (OSError, ValueError):
+        return -1
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_child_and_exits_143(tmp_path: Path) -> None:
+    root = tmp_path / "grid"
+    sweep_process = subprocess.Popen(
+        [sys.executable, "-m", "clbench.cli", "sweep", "--suite", "smoke", "--methods", "sft",
+         "--seeds", "0,1", "--out", str(root), "--device", "cpu", "--jobs", "2",
+         "--set", "stages[1].budget.steps=100000"],  # stage 2 lasts until the signal
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    children: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not all(_stages_done(run_dir(root, s)) == 1 for s in SEEDS):
+            assert sweep_process.poll() is None, sweep_process.communicate()
+            assert time.monotonic() < deadline, "the children never finished stage 1"
+            time.sleep(0.2)
+        children = _children_of(sweep_process.pid)
+        assert len(children) == 2
+        sweep_process.send_signal(signal.SIGTERM)
+        out, err = sweep_process.communicate(timeout=120)
+    finally:
+        if sweep_process.poll() is None:
+            sweep_process.kill()
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert sweep_process.returncode == 143, (out, err)
+    assert not [pid for pid in children if _alive(pid)]
+    assert "terminated (SIGTERM)" in err and "Continue with the same command" in err
+    assert out.count("interrupted") >= 2  # both children, in the final table
+    for seed in SEEDS:
+        result = read_results(run_dir(root, seed) / "results.json")
+        assert result.status == "partial" and len(result.matrix) == 2  # stage 1 kept
+        assert "terminated (SIGTERM)" in (root / "logs" / f"sft-s{seed}.log").read_text()
