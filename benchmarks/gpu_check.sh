@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in three phases (all by default):
 #   smoke    every built-in method through the smoke suite on the GPU (plumbing, tiny model);
-#   steps    seconds per step of each method on the embedded model, bf16 and fp32;
+#   steps    seconds per step of each method on the embedded model: bf16 autocast over fp32
+#            weights (the default), bf16 weights, fp32;
 #   starter  the starter grid (5 methods x 2 seeds), one process per run sharing the GPU, then
 #            the comparison table. A small model on a big GPU is bound by kernel launches, so
 #            runs side by side use the GPU far better than one after another.
@@ -54,10 +55,11 @@ if [[ $PHASES == *smoke* ]]; then
 fi
 
 if [[ $PHASES == *steps* ]]; then
-    for dtype in bfloat16 float32; do
-        echo "== seconds per step, embedded model, $dtype on $DEVICE"
-        "$PY" benchmarks/step_time.py --device "$DEVICE" --dtype "$dtype" --steps 3 \
-            | tee "$OUT/steps-$dtype.md"
+    for precision in "bfloat16" "bfloat16 --no-mixed" "float32"; do
+        echo "== seconds per step, embedded model, --dtype $precision on $DEVICE"
+        # shellcheck disable=SC2086  # "bfloat16 --no-mixed" is two words on purpose
+        "$PY" benchmarks/step_time.py --device "$DEVICE" --dtype $precision --steps 3 \
+            | tee "$OUT/steps-${precision// /}.md"
     done
 fi
 

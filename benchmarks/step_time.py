@@ -6,6 +6,9 @@ warm-up (allocations, lazy imports) and is left out of the mean.
 
     .venv/bin/python benchmarks/step_time.py                     # all five methods, 4 steps each
     .venv/bin/python benchmarks/step_time.py --methods grpo --steps 3 --dtype float32 --threads 2
+
+Precision as a run has it: `--dtype bfloat16` trains fp32 master weights under bf16 autocast
+(`model.mixed_precision: true`, the default); add `--no-mixed` for weights stored in bf16.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import torch
 
 from clbench.engine.api import StageContext
+from clbench.engine.distributed import Distributed
 from clbench.errors import UserError
 from clbench.models import load_model
 from clbench.registry import build_method, build_task
@@ -31,9 +35,12 @@ TASK = TaskSpec(source="math.arithmetic", params={"digits": 2, "operands": 2, "o
 PHASES = ("generate", "grade", "score", "backward", "step")
 
 
-def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "cpu") -> dict:
+def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "cpu",
+            mixed_precision: bool = True) -> dict:
     """Train `steps` steps of one method; per-step seconds and summed phase times."""
-    model, tokenizer = load_model("smollm2-135m", device=device, dtype=dtype)
+    dist = Distributed.create(device, dtype, mixed_precision)
+    model, tokenizer = load_model("smollm2-135m", device=dist.device,
+                                  dtype=dist.precision.weights)
     task = build_task(TASK)
     method = build_method(MethodSpec(name=method_name))
     budget = Budget(steps=steps, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=48)
@@ -41,13 +48,13 @@ def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "
         ctx = StageContext(model=model, tokenizer=tokenizer, task=task,
                            train_examples=task.examples("train", TASK.seed, TASK.train_size),
                            budget=budget, stage_index=1, stage_name="math", seed=seed,
-                           device=model.device, work_dir=Path(work))
+                           device=model.device, work_dir=Path(work), dist=dist)
         started = time.perf_counter()
         report = method.train_stage(ctx)
         total = time.perf_counter() - started
     per_step = [r["seconds"] for r in report.steps]
     timed = per_step[1:] or per_step
-    return {"method": method_name, "dtype": str(model.dtype).replace("torch.", ""),
+    return {"method": method_name, "dtype": dist.precision.label,
             "device": str(model.device),
             "seconds_per_step": statistics.mean(timed), "per_step": per_step,
             "total_seconds": total, "wall_time": report.wall_time,
@@ -60,6 +67,8 @@ def main() -> None:
     parser.add_argument("--methods", default="sft,grpo,sdpo,sdpo-cot,stable-sdpo")
     parser.add_argument("--steps", type=int, default=4, help="steps per method (first is warm-up)")
     parser.add_argument("--dtype", default="auto", help="auto, bfloat16 or float32")
+    parser.add_argument("--no-mixed", dest="mixed", action="store_false",
+                        help="store the weights in --dtype instead of fp32 under autocast")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or auto")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
@@ -70,7 +79,8 @@ def main() -> None:
     rows = []
     for name in args.methods.split(","):
         try:
-            rows.append(measure(name.strip(), args.steps, args.dtype, args.seed, args.device))
+            rows.append(measure(name.strip(), args.steps, args.dtype, args.seed, args.device,
+                                args.mixed))
         except UserError as exc:
             rows.append({"method": name, "error": str(exc)})
     if args.json:
