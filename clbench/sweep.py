@@ -84,8 +84,9 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
         else:
             pending.append(run)
     failed: list[Child] = []
+    broken: list[str] = []
     if jobs == 1:
-        run_in_process(pending, console)
+        broken = run_in_process(pending, console)
     elif pending:
         launch = ChildLauncher(out_root, overrides, model, device, reuse_base_row,
                                threads=threads_per_child(device, min(jobs, len(pending))))
@@ -95,6 +96,8 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     print_comparison(console, data)
     if failed:
         report_failures(failed, len(runs), console)
+    if broken:
+        raise UserError(f"{len(broken)} of {len(runs)} runs failed: {'; '.join(broken)}")
     return data
 
 
@@ -108,18 +111,24 @@ def is_complete(run: RunSpec) -> bool:
     return previous is not None and previous.status == "complete"
 
 
-def run_in_process(runs: Sequence[RunSpec], console: Console) -> None:
-    """One run after another in this process; a run that breaks does not lose the rest."""
+def run_in_process(runs: Sequence[RunSpec], console: Console) -> list[str]:
+    """One run after another in this process; a run that breaks does not lose the rest.
+    Returns one line per failed run (what went wrong, where its log is)."""
+    broken = []
     for run in runs:
         resume = (Path(run.out_dir) / IDENTITY_FILE).is_file()
         console.rule(f"{run.method.name} seed {run.seed}" + (" (resume)" if resume else ""))
         try:
             execute(run, resume=resume, console=console)
-        except UserError:  # RunInterrupted included: the sweep stops with the run
+        except RunInterrupted:  # Ctrl-C or SIGTERM: the sweep stops with the run
             raise
         except Exception as exc:  # one broken run must not lose the rest of the grid
+            what = f"{type(exc).__name__}: {exc}" if not isinstance(exc, UserError) else str(exc)
             console.print(f"[red]{escape(run.method.name)} seed {run.seed} failed: "
-                          f"{escape(str(exc))}[/]")
+                          f"{escape(what)}[/]")
+            broken.append(f"{run.method.name} seed {run.seed} ({what}; log "
+                          f"{Path(run.out_dir) / 'run.log'})")
+    return broken
 
 
 # ---------------------------------------------------------------------------------------------

@@ -165,6 +165,27 @@ def test_a_failed_child_leaves_the_others_and_is_named_with_its_log(
     assert "(n=2)" in res.stdout  # seeds 0 and 2 are compared
 
 
+def test_a_failed_run_in_process_leaves_the_others_and_fails_the_sweep(
+        tmp_path: Path, in_process_grid: Path) -> None:
+    """--jobs 1 ends like --jobs N: the rest of the grid runs, the comparison is printed, and
+    the sweep exits non-zero naming the failed run."""
+    root = tmp_path / "grid"
+    shutil.copytree(in_process_grid, root)
+    broken = read_results(run_dir(root, 1) / "results.json")  # as in the test above
+    broken.status = "partial"
+    broken.matrix, broken.row_labels, broken.stages = \
+        broken.matrix[:2], broken.row_labels[:2], broken.stages[:1]
+    write_results(run_dir(root, 1) / "results.json", broken)
+
+    res = sweep_cli(root, "0,1,2", "--jobs", "1")
+    assert res.exit_code == 2, res.output
+    message = " ".join(res.stderr.split())
+    assert "1 of 3 runs failed: sft seed 1 (" in message and "cannot be resumed" in message
+    assert f"log {run_dir(root, 1) / 'run.log'}" in message
+    assert read_results(run_dir(root, 2) / "results.json").status == "complete"
+    assert "(n=2)" in res.stdout and not (root / "logs").exists()
+
+
 def _children_of(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
