@@ -1,8 +1,8 @@
 """Export: every clbench task of a suite written as an lm-eval task.
 
-Per column, a YAML and a JSONL of the eval items, plus a shared `utils.py` whose
-`process_results` calls the clbench grader, so anyone can score a checkpoint on a suite with
-lm-eval itself. The opposite direction, lm-eval tasks as probes, is :mod:`clbench.lmeval`.
+Per column, a YAML and a JSONL of the eval items, plus a shared `utils.py` that loads the items
+from beside itself and whose `process_results` calls the clbench grader, so anyone can score a
+checkpoint on a suite with lm-eval itself, wherever the folder is copied. The opposite direction, lm-eval tasks as probes, is :mod:`clbench.lmeval`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,22 @@ import yaml
 
 from clbench.lmeval import _Dumper, _Tagged
 
-_UTILS = '''"""Grading of clbench tasks exported for lm-eval (needs `clbench` installed)."""
+_UTILS = '''"""Data and grading of clbench tasks exported for lm-eval (grading needs `clbench`)."""
 
-from clbench.lmeval_export import grade_exported_doc
+import os
+
+
+def load_items(data_file, **unused):
+    """The items of one task, read from beside this file (so the folder can be moved)."""
+    import datasets
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), data_file)
+    return datasets.load_dataset("json", data_files={"test": path})
 
 
 def process_results(doc, results):
+    from clbench.lmeval_export import grade_exported_doc
+
     return grade_exported_doc(doc, results[0])
 '''
 
@@ -64,9 +74,10 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
                     ensure_ascii=False) + "\n")
         config = {
             "task": name, "tag": [f"clbench_{suite.name}".replace("-", "_")],
-            "dataset_path": "json",
-            # lm-eval does not resolve relative data files against this folder: absolute path.
-            "dataset_kwargs": {"data_files": {"test": str(data)}},
+            # lm-eval would resolve a relative `data_files` against the working directory, so
+            # utils.py loads the items from beside itself: the folder can be moved or shared.
+            "custom_dataset": _Tagged("!function", "utils.load_items"),
+            "dataset_kwargs": {"data_file": data.name},
             "test_split": "test", "output_type": "generate_until",
             "doc_to_text": "{{prompt}}", "doc_to_target": "{{reference}}",
             "generation_kwargs": {"until": ["\nUser:", "\n\nUser:"], "do_sample": False,

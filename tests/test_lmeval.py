@@ -265,12 +265,16 @@ def test_export_writes_tasks_that_lm_eval_runs_with_our_grader(tmp_path: Path, t
             (tmp_path / "export" / "utils.py").read_text()
         assert lmeval.grade_exported_doc is grade_exported_doc
 
+        # the folder works wherever it is: moved, and run from another working directory
+        moved = tmp_path / "elsewhere" / "tasks"
+        moved.parent.mkdir()
+        (tmp_path / "export").rename(moved)
+        assert str(tmp_path / "export") not in (moved / "clbench_echo_high.yaml").read_text()
         model, tok = tiny
         out = simple_evaluate(
             model=HFLM(pretrained=model, tokenizer=tok, batch_size=4, device="cpu"),
             tasks=["clbench_echo_high"], limit=3, log_samples=True, bootstrap_iters=0,
-            task_manager=TaskManager(include_path=str(tmp_path / "export"),
-                                     include_defaults=False))
+            task_manager=TaskManager(include_path=str(moved), include_defaults=False))
         samples = out["samples"]["clbench_echo_high"]
         ours = [grade_exported_doc(s["doc"], s["filtered_resps"][0])["acc"] for s in samples]
     assert len(samples) == 3
