@@ -3,14 +3,14 @@
 #   smoke    every built-in method through the smoke suite on the GPU (plumbing, tiny model);
 #   steps    seconds per step of each method on the embedded model: bf16 autocast over fp32
 #            weights (the default), bf16 weights, fp32;
-#   starter  the starter grid (5 methods x 2 seeds), one process per run sharing the GPU, then
-#            the comparison table. A small model on a big GPU is bound by kernel launches, so
-#            runs side by side use the GPU far better than one after another.
+#   starter  the starter grid (5 methods x 2 seeds) as one `clbench sweep --jobs`, runs sharing
+#            the GPU, then the comparison table. A small model on a big GPU is bound by kernel
+#            launches, so runs side by side use the GPU far better than one after another.
 #
 #   benchmarks/gpu_check.sh OUT_DIR [smoke,steps,starter]
 #
 # Environment: PYTHON (default python3), DEVICE (default cuda), STARTER_SUITE (default starter),
-# STARTER_TIMEOUT (seconds per run, default 3600), STARTER_SEEDS (default "0 1"), STARTER_SETS
+# STARTER_TIMEOUT (seconds for the whole grid, default 3600), STARTER_SEEDS (default "0 1"), STARTER_SETS
 # (extra --set overrides for the starter runs, default below), JOBS (runs at once, default 5).
 set -uo pipefail
 OUT=${1:-runs/gpu-check}
@@ -71,17 +71,18 @@ if [[ $PHASES == *starter* ]]; then
     # Ten runs at once overflowed 140 GB (each process caches 12-23 GB) and three runs died of
     # out-of-memory errors; five at a time, with expandable segments against fragmentation.
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-    for m in "${METHODS[@]}"; do
-        for seed in ${STARTER_SEEDS:-0 1}; do
-            while (( $(jobs -rp | wc -l) >= ${JOBS:-5} )); do wait -n; done
-            OMP_NUM_THREADS=1 timeout "${STARTER_TIMEOUT:-3600}" "$PY" -m clbench.cli run --suite "${STARTER_SUITE:-starter}" \
-                --method "$m" --seed "$seed" --device "$DEVICE" --resume "${sets[@]}" \
-                --out "$OUT/starter/$m/s$seed" >"$OUT/starter-$m-s$seed.log" 2>&1 &
-        done
-    done
-    wait
+    # One sweep, JOBS runs at once (each a `clbench run` child with its log in starter/logs/).
+    # At the time limit `timeout` sends SIGTERM: every run stops cleanly with its completed
+    # stages saved, and running this phase again resumes the grid where it stopped.
+    methods=$(IFS=,; echo "${METHODS[*]}")
+    seeds=$(echo ${STARTER_SEEDS:-0 1} | tr ' ' ,)
+    OMP_NUM_THREADS=1 timeout --signal=TERM "${STARTER_TIMEOUT:-3600}" "$PY" -m clbench.cli \
+        sweep --suite "${STARTER_SUITE:-starter}" --methods "$methods" --seeds "$seeds" \
+        --jobs "${JOBS:-5}" --device "$DEVICE" "${sets[@]}" --out "$OUT/starter" \
+        >"$OUT/starter-sweep.log" 2>&1
+    echo "sweep exit status $?"
     echo "grid wall time: $(( $(date +%s) - started ))s"
-    for d in "$OUT"/starter/*/s*; do echo "$d: $(status_of "$d")"; done
-    clbench report "$OUT"/starter/*/s* | tee "$OUT/starter-report.txt"
-    clbench report --json "$OUT"/starter/*/s* >"$OUT/starter-report.json"
+    for d in "$OUT"/starter/*/s*/; do echo "${d%/}: $(status_of "${d%/}")"; done
+    clbench report "$OUT/starter" | tee "$OUT/starter-report.txt"
+    clbench report --json "$OUT/starter" >"$OUT/starter-report.json"
 fi
