@@ -7,6 +7,8 @@ fix. Everything else is a bug and keeps its traceback.
 A stop request is not an error: Ctrl-C raises KeyboardInterrupt, and :func:`terminate_as_interrupt`
 makes SIGTERM (what schedulers and `kill` send) raise :class:`Terminated`, a KeyboardInterrupt, so
 both take the same path: what is complete is saved and the run says how to resume.
+:func:`hangup_as_termination` does the same for SIGHUP, and :func:`stops_deferred` holds all
+three back over a step that must not be cut in two (starting a child process and recording it).
 """
 
 from __future__ import annotations
@@ -32,18 +34,59 @@ class Terminated(KeyboardInterrupt):
     exit_code = 128 + signal.SIGTERM
 
 
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """While inside, SIGTERM raises :class:`Terminated` in the main thread (elsewhere: no-op)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Terminated()
-
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def hangup_as_termination() -> Iterator[None]:
+    """While inside, SIGHUP (the terminal closed) raises :class:`Terminated` like SIGTERM, e.g.
+    for a process whose children run in their own session and would not get the hangup
+    themselves. Left alone when SIGHUP is ignored (nohup) or handled by someone else, and
+    outside the main thread."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGHUP) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGHUP, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
+@contextmanager
+def stops_deferred() -> Iterator[None]:
+    """While inside, Ctrl-C, SIGTERM and SIGHUP wait: their handlers run when the block ends.
+    Only handlers that raise (Python functions) are deferred; a signal that kills or is ignored
+    is left alone. A no-op outside the main thread, where no handler runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            previous[sig] = handler
+            signal.signal(sig, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(pending):
+            previous[sig](sig, None)  # raises, as it would have inside the block

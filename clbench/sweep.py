@@ -8,7 +8,8 @@ is :func:`clbench.protocol.execute`.
 Child processes log to `<out_root>/logs/<method>-s<seed>.log` (appended, so a resumed run keeps
 its history), never into the run directory, which refuses anything but a clbench run. A child
 that fails does not stop the others; the sweep lists it with the end of its log and exits
-non-zero after the comparison of what completed. Ctrl-C, SIGTERM or SIGHUP to the sweep sends
+non-zero after the comparison of what completed; so does a child stopped by a signal from
+outside the sweep (its run is not complete either). Ctrl-C, SIGTERM or SIGHUP to the sweep sends
 SIGTERM to every child (each saves its completed stages) and waits for them; no child outlives
 the sweep, except after a SIGKILL, which nothing can catch.
 """
@@ -22,8 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from clbench import registry
-from clbench.errors import Terminated, UserError
+from clbench.errors import (
+    Terminated,
+    UserError,
+    hangup_as_termination,
+    stops_deferred,
+    terminate_as_interrupt,
+)
 from clbench.protocol import RunInterrupted, execute
 from clbench.reporting import collect_results, comparison, print_comparison
 from clbench.results import RESULTS_FILENAME
@@ -57,8 +63,8 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     ones resumed; `jobs` > 1 runs up to that many at once as child processes. Ends with the
     comparison table over seeds (returned as data).
 
-    Raises :class:`UserError` naming the failed runs when a child failed (after the comparison),
-    :class:`RunInterrupted` on Ctrl-C or SIGTERM.
+    Raises :class:`UserError` naming the runs that failed or were stopped from outside the
+    sweep (after the comparison), :class:`RunInterrupted` on Ctrl-C or SIGTERM.
     """
     from clbench.engine.distributed import launched_world_size
     from clbench.suites import build_run_spec
@@ -83,19 +89,19 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
             console.print(f"[dim]skip {escape(run.method.name)} seed {run.seed}: complete[/]")
         else:
             pending.append(run)
-    failed: list[Child] = []
+    incomplete: list[Child] = []
     broken: list[str] = []
     if jobs == 1:
         broken = run_in_process(pending, console)
     elif pending:
         launch = ChildLauncher(out_root, overrides, model, device, reuse_base_row,
                                threads=threads_per_child(device, min(jobs, len(pending))))
-        failed = run_as_children(pending, launch, jobs, console)
+        incomplete = run_as_children(pending, launch, jobs, console)
     dirs = [Path(r.out_dir) for r in runs if (Path(r.out_dir) / RESULTS_FILENAME).is_file()]
     data = comparison([r for _, r in collect_results(dirs)])
     print_comparison(console, data)
-    if failed:
-        report_failures(failed, len(runs), console)
+    if incomplete:
+        report_failures(incomplete, len(runs), console)
     if broken:
         raise UserError(f"{len(broken)} of {len(runs)} runs failed: {'; '.join(broken)}")
     return data
@@ -215,6 +221,7 @@ class Child:
     started: float | None = None
     ended: float | None = None
     state: str = "waiting"  # running, complete, failed, interrupted
+    code: int | None = None  # exit status
 
     @property
     def name(self) -> str:
@@ -222,7 +229,7 @@ class Child:
 
     def finish(self, code: int, stopped: bool = False) -> None:
         """Record the exit status; `stopped`: the sweep stopped it (a kill is no failure)."""
-        self.ended = time.monotonic()
+        self.ended, self.code = time.monotonic(), code
         stopped = stopped or code in (130, Terminated.exit_code, -signal.SIGTERM, -signal.SIGINT)
         self.state = "complete" if code == 0 else "interrupted" if stopped else "failed"
 
@@ -261,13 +268,16 @@ def progress_table(children: Sequence[Child]) -> Table:
 def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
                     console: Console) -> list[Child]:
     """Run each run in a child process, up to `jobs` at once, with a live table; return the
-    children that failed. On Ctrl-C or SIGTERM every child is stopped and RunInterrupted raised;
-    whatever happens, no child is left running."""
+    children whose run did not complete: failed, or stopped by a signal from outside the sweep.
+    On Ctrl-C or SIGTERM every child is stopped and RunInterrupted raised; whatever happens, no
+    child is left running."""
     children = [Child(run, launch.log_path(run)) for run in runs]
     stop: KeyboardInterrupt | None = None
     try:
-        with hangup_as_termination(), Live(progress_table(children), console=console,
-                                           auto_refresh=False) as live:
+        # SIGTERM is handled here too, not only by the CLI: a caller of the library that left it
+        # at its default would die at once and leave the children (own sessions) running.
+        with terminate_as_interrupt(), hangup_as_termination(), \
+                Live(progress_table(children), console=console, auto_refresh=False) as live:
             try:
                 _supervise(children, launch, jobs, console, live)
             except KeyboardInterrupt as exc:
@@ -288,7 +298,7 @@ def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
             f"of every run are saved under {launch.out_root}. Continue with the same command")
         stopped.exit_code = Terminated.exit_code if terminated else 130
         raise stopped
-    return [c for c in children if c.state == "failed"]
+    return [c for c in children if c.state != "complete"]
 
 
 def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, console: Console,
@@ -305,8 +315,9 @@ def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, cons
                                   + ("" if code == 0 else f" (exit {code})") + "[/]")
         while waiting and sum(c.state == "running" for c in children) < jobs:
             child = waiting.pop(0)
-            child.process = launch.start(child.run)
-            child.state, child.started = "running", time.monotonic()
+            with stops_deferred():  # a child that is started is a child that will be stopped
+                child.process = launch.start(child.run)
+                child.state, child.started = "running", time.monotonic()
             console.print(f"{escape(child.name)}: started, log {escape(str(child.log_path))}")
         live.update(progress_table(children), refresh=True)
         if not waiting and not any(c.state == "running" for c in children):
@@ -340,29 +351,11 @@ def stop_children(children: Sequence[Child], grace: float = STOP_GRACE_SECONDS) 
             child.finish(child.process.wait(), stopped=child in signalled)
 
 
-@contextmanager
-def hangup_as_termination() -> Iterator[None]:
-    """While inside, SIGHUP (the terminal closed) stops the sweep like SIGTERM: the children
-    run in their own session and would not get the hangup themselves. Left alone when SIGHUP
-    is ignored (nohup) or handled by someone else."""
-    if signal.getsignal(signal.SIGHUP) != signal.SIG_DFL:
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        raise Terminated()
-
-    signal.signal(signal.SIGHUP, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-
-
 def report_failures(failed: Sequence[Child], total: int, console: Console) -> None:
-    """Each failed run with the end of its log, then the UserError that names them all."""
+    """Each run that failed (or was stopped from outside the sweep) with the end of its log,
+    then the UserError that names them all."""
     for child in failed:
-        console.rule(f"[red]{escape(child.name)} failed[/]")
+        console.rule(f"[red]{escape(child.name)} {child.state}[/]")
         console.print(f"log: {escape(str(child.log_path))}", soft_wrap=True)
         try:
             lines = child.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -370,5 +363,11 @@ def report_failures(failed: Sequence[Child], total: int, console: Console) -> No
             lines = []
         for line in lines[-LOG_TAIL_LINES:]:
             console.print(escape(line), soft_wrap=True, highlight=False)
-    names = "; ".join(f"{c.name} (log {c.log_path})" for c in failed)
+    names = "; ".join(f"{c.name} ({_outside(c)}log {c.log_path})" for c in failed)
     raise UserError(f"{len(failed)} of {total} runs failed: {names}")
+
+
+def _outside(child: Child) -> str:
+    if child.state != "interrupted":
+        return ""
+    return f"stopped by a signal from outside the sweep, exit {child.code}; "

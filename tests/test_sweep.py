@@ -21,7 +21,10 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
+from clbench import sweep as sweep_module
 from clbench.cli import cli
+from clbench.errors import UserError, terminate_as_interrupt
+from clbench.protocol import RunInterrupted
 from clbench.results import read_results, write_results
 from clbench.suites import build_run_spec
 from clbench.sweep import ChildLauncher, available_cpus, sweep, threads_per_child
@@ -184,6 +187,48 @@ def test_a_failed_run_in_process_leaves_the_others_and_fails_the_sweep(
     assert f"log {run_dir(root, 1) / 'run.log'}" in message
     assert read_results(run_dir(root, 2) / "results.json").status == "complete"
     assert "(n=2)" in res.stdout and not (root / "logs").exists()
+
+
+@pytest.mark.parametrize("ending", ["sys.exit(143)", "os.kill(os.getpid(), signal.SIGTERM)"])
+def test_a_child_stopped_from_outside_the_sweep_fails_the_sweep(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -> None:
+    """A child that ends as a stopped `clbench run` does (exit 143) or is killed by SIGTERM,
+    without the sweep having stopped it, left its run incomplete: the sweep must not exit 0."""
+    monkeypatch.setattr(sweep_module, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(ChildLauncher, "command", lambda self, run: [
+        sys.executable, "-c", f"import os, signal, sys; {ending}"])
+    with pytest.raises(UserError, match=r"1 of 1 runs failed: sft seed 0 \(stopped by a signal "
+                                        r"from outside the sweep, exit (143|-15); log "):
+        sweep("smoke", ["sft"], [0], tmp_path / "grid", device="cpu", jobs=2)
+
+
+def test_a_stop_as_a_child_starts_still_stops_that_child(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM between the child's start and the sweep recording it must not leave the child
+    running (it is in its own session: nothing else would stop it)."""
+    monkeypatch.setattr(sweep_module, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(ChildLauncher, "command", lambda self, run: [
+        sys.executable, "-c", "import time; time.sleep(60)"])
+    real, started = ChildLauncher.start, []
+
+    def start_then_terminate(self: ChildLauncher, run):
+        process = real(self, run)
+        started.append(process)
+        os.kill(os.getpid(), signal.SIGTERM)  # as if it came just as Popen returned
+        return process
+
+    monkeypatch.setattr(ChildLauncher, "start", start_then_terminate)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with terminate_as_interrupt(), pytest.raises(RunInterrupted):
+            sweep("smoke", ["sft"], [0], tmp_path / "grid", device="cpu", jobs=2)
+        assert len(started) == 1 and started[0].poll() is not None
+        assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 def _children_of(pid: int) -> list[int]:
