@@ -41,7 +41,7 @@ from clbench.errors import (
     stops_deferred,
     terminate_as_interrupt,
 )
-from clbench.protocol import RunInterrupted, execute
+from clbench.protocol import RunInterrupted, check_lm_eval_probes, execute
 from clbench.reporting import collect_results, comparison, print_comparison
 from clbench.results import RESULTS_FILENAME
 from clbench.rundir import IDENTITY_FILE, check_run_dir, run_identity
@@ -89,6 +89,8 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
             console.print(f"[dim]skip {escape(run.method.name)} seed {run.seed}: complete[/]")
         else:
             pending.append(run)
+    if pending:  # the same probes in every run: an unknown one is refused once, before any run
+        check_lm_eval_probes(pending[0])
     incomplete: list[Child] = []
     broken: list[str] = []
     if jobs == 1:
@@ -132,8 +134,9 @@ def run_in_process(runs: Sequence[RunSpec], console: Console) -> list[str]:
             what = f"{type(exc).__name__}: {exc}" if not isinstance(exc, UserError) else str(exc)
             console.print(f"[red]{escape(run.method.name)} seed {run.seed} failed: "
                           f"{escape(what)}[/]")
-            broken.append(f"{run.method.name} seed {run.seed} ({what}; log "
-                          f"{Path(run.out_dir) / 'run.log'})")
+            log = Path(run.out_dir) / "run.log"  # absent when it failed before it started
+            broken.append(f"{run.method.name} seed {run.seed} ({what}"
+                          + (f"; log {log})" if log.is_file() else ")"))
     return broken
 
 

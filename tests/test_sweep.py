@@ -231,6 +231,36 @@ def test_a_stop_as_a_child_starts_still_stops_that_child(tmp_path: Path,
                 process.wait()
 
 
+def test_an_unknown_lm_eval_probe_stops_the_sweep_before_any_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_child(self: ChildLauncher, run):
+        raise AssertionError("a run was started")
+
+    monkeypatch.setattr(ChildLauncher, "start", no_child)
+    smoke = (Path(__file__).parents[1] / "suites" / "smoke.yaml").read_text()
+    suite = tmp_path / "probed.yaml"
+    suite.write_text(smoke.replace("protocol:", (
+        "  - name: general\n    kind: general\n    lm_eval: {task: clbench_general_mcq}\n"
+        "protocol:")))
+    res = CliRunner().invoke(cli, ["sweep", "--suite", str(suite), "--methods", "sft",
+                                   "--seeds", "0,1", "--out", str(tmp_path / "grid"),
+                                   "--device", "cpu", "--jobs", "2"])
+    assert res.exit_code == 2, res.output
+    assert "lm-eval task 'clbench_general_mcq' is unknown" in " ".join(res.output.split())
+    assert not (tmp_path / "grid").exists()
+
+
+def test_a_run_that_fails_before_it_starts_names_no_log(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(run, resume, console):
+        raise UserError("refused before the run began")
+
+    monkeypatch.setattr(sweep_module, "execute", refuse)
+    with pytest.raises(UserError) as err:
+        sweep("smoke", ["sft"], [0], tmp_path / "grid", device="cpu", jobs=1)
+    assert str(err.value) == "1 of 1 runs failed: sft seed 0 (refused before the run began)"
+
+
 def _children_of(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
