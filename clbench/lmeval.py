@@ -78,6 +78,14 @@ def _absolute(value: Any, folder: Path) -> Any:
     return value
 
 
+def _read_yaml(path: Path, shown_as: Path | None = None) -> Any:
+    """A task YAML, its custom tags kept opaque; invalid YAML is a user error naming the file."""
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
+    except yaml.YAMLError as exc:
+        raise LmEvalProbeError(f"{shown_as or path}: not valid YAML: {exc}") from None
+
+
 def resolve_task_folder(source: Path, dest: Path) -> list[str]:
     """Copy `source` (a folder of lm-eval YAMLs) to `dest` with relative data files resolved.
 
@@ -90,10 +98,7 @@ def resolve_task_folder(source: Path, dest: Path) -> list[str]:
     names: list[str] = []
     for path in sorted(dest.rglob("*.y*ml")):
         original = source / path.relative_to(dest)
-        try:
-            doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
-        except yaml.YAMLError as exc:
-            raise LmEvalProbeError(f"{original}: not valid YAML: {exc}") from None
+        doc = _read_yaml(path, shown_as=original)
         if not isinstance(doc, dict):
             continue
         for key in ("task", "group", "tag"):  # a group's `task:` is its list of members
@@ -124,7 +129,7 @@ def prepared_tasks(probe: LmEvalProbe, base_dir: Path | None = None
         yaml_path = _resolve(task, base)
         if not yaml_path.is_file():
             raise LmEvalProbeError(f"lm-eval task file {yaml_path} does not exist")
-        doc = yaml.load(yaml_path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
+        doc = _read_yaml(yaml_path)
         doc = doc if isinstance(doc, dict) else {}
         # a group's `task:` lists its members; the group's own name is `group:`
         task = doc.get("group") if isinstance(doc.get("group"), str) else doc.get("task")

@@ -108,6 +108,12 @@ def test_unknown_metric_and_missing_file_are_clear_errors(tiny) -> None:
         run_probe("g", model, tok, LmEvalProbe(task="missing/task.yaml"))
 
 
+def test_an_invalid_task_yaml_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "broken.yaml").write_text("task: [unclosed\n")
+    with pytest.raises(LmEvalProbeError, match=r"broken.yaml: not valid YAML"):
+        check_probe(LmEvalProbe(task=str(tmp_path / "broken.yaml")))
+
+
 def _greedy(model, tok, prompt: str, max_tokens: int) -> str:
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
