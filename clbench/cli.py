@@ -344,10 +344,10 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
                   no_base_cache: bool, jobs: int) -> None:
     """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
 
-    Ends with a comparison table: mean ± std over seeds per method (n = seeds). With
-    --jobs N, up to N runs go side by side (a small model leaves most of a GPU idle), with
-    a live table of their stages; a run that fails does not stop the others, and the sweep
-    exits with status 2 naming it and its log once the rest are done.
+    Ends with a comparison table: mean ± std over seeds per method (n = seeds). A run that
+    fails does not stop the others; the sweep then exits with status 2 naming it and its log
+    once the rest are done. With --jobs N, up to N runs go side by side (a small model leaves
+    most of a GPU idle), with a live table of their stages.
 
     \b
     Example:
