@@ -366,11 +366,12 @@ def report_failures(failed: Sequence[Child], total: int, console: Console) -> No
             lines = []
         for line in lines[-LOG_TAIL_LINES:]:
             console.print(escape(line), soft_wrap=True, highlight=False)
-    names = "; ".join(f"{c.name} ({_outside(c)}log {c.log_path})" for c in failed)
+    names = "; ".join(f"{c.name} ({_stop_note(c)}log {c.log_path})" for c in failed)
     raise UserError(f"{len(failed)} of {total} runs failed: {names}")
 
 
-def _outside(child: Child) -> str:
+def _stop_note(child: Child) -> str:
+    """What to say of a child that a signal from outside the sweep stopped (else nothing)."""
     if child.state != "interrupted":
         return ""
     return f"stopped by a signal from outside the sweep, exit {child.code}; "
