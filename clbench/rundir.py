@@ -20,7 +20,7 @@ from clbench.atomic import atomic_dir
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 from clbench.seeding import rng_states
-from clbench.specs import ModelSpec, RunSpec, SuiteSpec
+from clbench.specs import MEASURED_EXCLUDES, ModelSpec, RunSpec, SuiteSpec
 
 if TYPE_CHECKING:
     from clbench.engine.api import Method
@@ -65,7 +65,8 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None) -> di
     if isinstance(suite, dict):
         try:
             spec = SuiteSpec.model_validate(suite)
-            out["suite_spec"], out["suite_hash"] = spec.model_dump(mode="json"), spec.content_hash()
+            out["suite_spec"] = spec.model_dump(mode="json", exclude=MEASURED_EXCLUDES)
+            out["suite_hash"] = spec.content_hash()
         except ValidationError:
             out["suite_spec"] = suite
     try:

@@ -165,6 +165,10 @@ class ModelSpec(Spec):
                                     "repository to run; only set for repositories you trust.")
 
 
+#: Suite fields that do not change what a run measures (left out of its hash and identity).
+MEASURED_EXCLUDES = {"description"}
+
+
 class SuiteSpec(Spec):
     """A continual-learning suite: an ordered stream of stages, held-out probes and a protocol."""
 
@@ -198,9 +202,12 @@ class SuiteSpec(Spec):
         return self
 
     def content_hash(self) -> str:
-        """A stable hash of the suite's content (canonical JSON, key order independent)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True,
-                               separators=(",", ":"))
+        """A stable hash of the suite's content (canonical JSON, key order independent).
+
+        The `description` is prose about the suite, not part of what is measured: rewording it
+        does not make another suite (nor turn a run folder into another run's)."""
+        canonical = json.dumps(self.model_dump(mode="json", exclude=MEASURED_EXCLUDES),
+                               sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -111,3 +111,14 @@ def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_pat
     (methods,) = table.values()
     summary = methods["sft"]["acc"]
     assert summary["n"] == 2 and summary["mean"] == pytest.approx(0.6)
+
+
+def test_rewording_the_description_is_the_same_suite_and_run(tmp_path: Path) -> None:
+    run, config = _run(tmp_path)
+    _write(tmp_path / "run", run_identity(run, config))
+    reworded, _ = _run(tmp_path, "description=Another way to say it.")
+    assert reworded.suite.description != run.suite.description
+    assert reworded.suite.content_hash() == run.suite.content_hash()
+    assert check_run_dir(tmp_path / "run", run_identity(reworded, config), resume=True) is None
+    changed, _ = _run(tmp_path, 'version="2"')  # the content's own version is measured
+    assert changed.suite.content_hash() != run.suite.content_hash()
