@@ -76,10 +76,16 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     try:
         yield tmp
         _make_readable(tmp)
+        old = None
         if target.exists():
-            shutil.rmtree(target)
+            # Moved aside, not deleted first: between two renames there is no moment worth
+            # speaking of without a `path`, where deleting a large folder would leave one.
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+            os.replace(target, old / target.name)
         os.replace(tmp, target)
         _fsync_dir(target.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -214,3 +214,25 @@ def test_versions_and_git_revision(tmp_path: Path) -> None:
     rev = git_revision()
     assert rev is None or (len(rev.split("+")[0]) == 40 and rev.split("+")[1:] in ([], ["dirty"]))
     assert git_revision(tmp_path) is None  # not a checkout
+
+
+def test_atomic_dir_replaces_a_folder_without_deleting_it_first(tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """The old folder is moved aside before the new one is renamed into place, so a crash
+    while a large old folder is being deleted can no longer leave no folder at all."""
+    target = tmp_path / "stage1"
+    with atomic.atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("old")
+    seen_at_delete = []
+    real_rmtree = atomic.shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):  # the only deletion left is of the moved-aside folder
+        seen_at_delete.append((target / "a.txt").read_text())
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(atomic.shutil, "rmtree", rmtree)
+    with atomic.atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("new")
+    assert seen_at_delete == ["new"]  # the new folder was in place before anything was deleted
+    assert (target / "a.txt").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stage1"]  # nothing left beside it
