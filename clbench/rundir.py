@@ -94,7 +94,15 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
     if not id_file.is_file():
         raise RunDirError(f"{run_dir} is not empty and holds no clbench run ({IDENTITY_FILE} "
                           "missing); choose another --out")
-    found = current_reading(json.loads(id_file.read_text(encoding="utf-8")), run_dir)
+    try:
+        stored = json.loads(id_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        stored = exc
+    if not isinstance(stored, dict):
+        why = stored if isinstance(stored, Exception) else "not a JSON object"
+        raise RunDirError(f"{id_file} is damaged ({why}), so {run_dir} cannot be told apart from "
+                          "another run; restore it or choose another --out")
+    found = current_reading(stored, run_dir)
     # The suite is compared field by field when both sides have it, else by its hash alone.
     drop = "suite_hash" if "suite_spec" in found else "suite_spec"
     diffs = _differences({k: v for k, v in found.items() if k != drop},

@@ -122,3 +122,12 @@ def test_rewording_the_description_is_the_same_suite_and_run(tmp_path: Path) -> 
     assert check_run_dir(tmp_path / "run", run_identity(reworded, config), resume=True) is None
     changed, _ = _run(tmp_path, 'version="2"')  # the content's own version is measured
     assert changed.suite.content_hash() != run.suite.content_hash()
+
+
+@pytest.mark.parametrize("content", ["{\"suite\": ", "[1, 2]", "\udcff"])
+def test_a_damaged_identity_file_is_a_clear_refusal(tmp_path: Path, content: str) -> None:
+    run, config = _run(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / IDENTITY_FILE).write_bytes(content.encode("utf-8", "surrogateescape"))
+    with pytest.raises(RunDirError, match=r"run.json is damaged .*restore it or choose another"):
+        check_run_dir(tmp_path / "run", run_identity(run, config), resume=True)
