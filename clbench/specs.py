@@ -71,6 +71,11 @@ class StageSpec(Spec):
     budget: Budget = Field(description="Training budget of the stage.")
 
 
+#: lm-eval metrics that cannot be a column of R (lower is better, not bounded by 1).
+LOWER_IS_BETTER_LM_EVAL_METRICS = frozenset({
+    "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "ter"})
+
+
 class LmEvalProbe(Spec):
     """A general-ability probe run through lm-evaluation-harness on the in-memory model."""
 
@@ -84,6 +89,17 @@ class LmEvalProbe(Spec):
                                      "YAMLs; relative paths are resolved against the suite file.")
     num_fewshot: int | None = Field(default=None, ge=0, description="Few-shot examples.")
     limit: int | None = Field(default=None, ge=1, description="Evaluate at most this many items.")
+
+    @field_validator("metric")
+    @classmethod
+    def _a_fraction_higher_is_better(cls, metric: str) -> str:
+        # A cell of R is a fraction in [0, 1] where higher is better: the metrics' deltas and
+        # the per-item records assume it. lm-eval's perplexities and error rates are neither.
+        name = metric.split(",", 1)[0].strip()
+        if name in LOWER_IS_BETTER_LM_EVAL_METRICS:
+            raise ValueError(f"{name!r} is lower-is-better and not a fraction; a probe column "
+                             "is scored like an accuracy (e.g. acc, acc_norm, exact_match)")
+        return metric
 
 
 class ProbeSpec(Spec):

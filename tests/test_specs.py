@@ -247,3 +247,17 @@ def test_schema_describes_every_field() -> None:
                     for field, prop in d.get("properties", {}).items()
                     if "description" not in prop and name not in ("RunSpec",)]
     assert undocumented == []
+
+
+def test_a_lower_is_better_lm_eval_metric_is_refused_in_the_suite(write_suite) -> None:
+    path = write_suite("""\
+        name: tiny
+        stages:
+          - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
+        probes:
+          - {name: g, kind: general, lm_eval: {task: wikitext, metric: "word_perplexity,none"}}
+        """)
+    assert error_of(path) == (
+        f"{path}: probes[0].lm_eval.metric: Value error, 'word_perplexity' is lower-is-better "
+        "and not a fraction; a probe column is scored like an accuracy (e.g. acc, acc_norm, "
+        "exact_match)")
