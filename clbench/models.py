@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_dir, file_lock
-from clbench.specs import ModelSpec, SpecError
+from clbench.spec_reading import SpecError
+from clbench.specs import ModelSpec
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ValidationError
 
 from clbench.errors import UserError
-from clbench.specs import SpecError, describe_validation_error
+from clbench.spec_reading import SpecError, describe_validation_error
 
 if TYPE_CHECKING:
     from clbench.engine.api import Method, MethodConfig

@@ -36,7 +36,8 @@ from pydantic import (
 
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
-from clbench.specs import RunSpec, SuiteSpec, describe_validation_error
+from clbench.spec_reading import describe_validation_error
+from clbench.specs import RunSpec, SuiteSpec
 
 RESULTS_SCHEMA_VERSION = "1.0"
 RESULTS_FILENAME = "results.json"

@@ -24,18 +24,15 @@ from pydantic import BaseModel, ValidationError
 
 from clbench import registry
 from clbench.errors import UserError
-from clbench.specs import (
-    MethodSpec,
-    ModelSpec,
-    RunSpec,
+from clbench.spec_reading import (
     SpecError,
-    SuiteSpec,
     apply_override,
     describe_validation_error,
     parse_override,
     read_yaml,
     validate_model,
 )
+from clbench.specs import MethodSpec, ModelSpec, RunSpec, SuiteSpec
 
 SUITE_PATH_ENV = "CLBENCH_SUITE_PATH"
 SUITE_SUFFIXES = (".yaml", ".yml")

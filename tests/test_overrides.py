@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from clbench.specs import SpecError, apply_override, parse_override, parse_path
+from clbench.spec_reading import SpecError, apply_override, parse_override, parse_path
 from clbench.suites import build_run_spec, load_suite, split_overrides
 
 

@@ -10,7 +10,8 @@ from conftest import FakeAddition, FakeMethod
 from clbench import registry
 from clbench.errors import UserError
 from clbench.registry import PluginError, StaticEntryPoint
-from clbench.specs import MethodSpec, SpecError, TaskSpec
+from clbench.spec_reading import SpecError
+from clbench.specs import MethodSpec, TaskSpec
 
 M, T = registry.METHODS_GROUP, registry.TASKS_GROUP
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from clbench.errors import UserError
-from clbench.specs import SpecError, SuiteSpec
+from clbench.spec_reading import SpecError
+from clbench.specs import SuiteSpec
 from clbench.suites import (
     SuiteNotFoundError,
     list_suites,
