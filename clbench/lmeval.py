@@ -45,24 +45,25 @@ class LmEvalProbeError(UserError):
 # Task folders with their data paths resolved
 # ---------------------------------------------------------------------------------------------
 
-class _Tagged:
+class TaggedScalar:
     """A YAML node with a custom tag (lm-eval's `!function`), kept verbatim on a round trip."""
 
     def __init__(self, tag: str, value: str) -> None:
         self.tag, self.value = tag, value
 
 
-class _Loader(yaml.SafeLoader):
+class TaskYamlLoader(yaml.SafeLoader):
     """Safe loader that keeps tags such as lm-eval's `!function` as opaque values (never run)."""
 
 
-class _Dumper(yaml.SafeDumper):
+class TaskYamlDumper(yaml.SafeDumper):
     """Safe dumper that writes those opaque tagged values back unchanged."""
 
 
-_Loader.add_multi_constructor("!", lambda loader, suffix, node: _Tagged(
+TaskYamlLoader.add_multi_constructor("!", lambda loader, suffix, node: TaggedScalar(
     "!" + suffix, loader.construct_scalar(node)))
-_Dumper.add_representer(_Tagged, lambda dumper, obj: dumper.represent_scalar(obj.tag, obj.value))
+TaskYamlDumper.add_representer(
+    TaggedScalar, lambda dumper, obj: dumper.represent_scalar(obj.tag, obj.value))
 
 
 def _absolute(value: Any, folder: Path) -> Any:
@@ -81,7 +82,7 @@ def _absolute(value: Any, folder: Path) -> Any:
 def _read_yaml(path: Path, shown_as: Path | None = None) -> Any:
     """A task YAML, its custom tags kept opaque; invalid YAML is a user error naming the file."""
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # noqa: S506
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=TaskYamlLoader)  # noqa: S506
     except yaml.YAMLError as exc:
         raise LmEvalProbeError(f"{shown_as or path}: not valid YAML: {exc}") from None
 
@@ -110,7 +111,8 @@ def resolve_task_folder(source: Path, dest: Path) -> list[str]:
         kwargs = doc.get("dataset_kwargs")
         if isinstance(kwargs, dict) and "data_files" in kwargs:
             kwargs["data_files"] = _absolute(kwargs["data_files"], original.parent)
-            path.write_text(yaml.dump(doc, Dumper=_Dumper, sort_keys=False), encoding="utf-8")
+            path.write_text(yaml.dump(doc, Dumper=TaskYamlDumper, sort_keys=False),
+                            encoding="utf-8")
     return names
 
 

@@ -2,7 +2,8 @@
 
 Per column, a YAML and a JSONL of the eval items, plus a shared `utils.py` that loads the items
 from beside itself and whose `process_results` calls the clbench grader, so anyone can score a
-checkpoint on a suite with lm-eval itself, wherever the folder is copied. The opposite direction, lm-eval tasks as probes, is :mod:`clbench.lmeval`.
+checkpoint on a suite with lm-eval itself, wherever the folder is copied. The opposite
+direction, lm-eval tasks as probes, is :mod:`clbench.lmeval`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from clbench.lmeval import _Dumper, _Tagged
+from clbench.errors import UserError
+from clbench.lmeval import TaggedScalar, TaskYamlDumper
 
 _UTILS = '''"""Data and grading of clbench tasks exported for lm-eval (grading needs `clbench`)."""
 
@@ -59,11 +61,19 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
     columns += [(p.name, p.task, f"probes[{i}].task.params")
                 for i, p in enumerate(suite.probes) if p.task is not None]
     decoding = suite.protocol.decoding
+    names = {}
+    for column, _, _ in columns:
+        name = f"clbench_{suite.name}_{column}".replace("-", "_").replace(".", "_")
+        if name in names.values():
+            other = next(c for c, n in names.items() if n == name)
+            raise UserError(f"columns {other!r} and {column!r} would both be exported as lm-eval "
+                            f"task {name!r} (lm-eval names have no '-' or '.'); rename one")
+        names[column] = name
     written = []
     for column, spec, where in columns:
         task = registry.build_task(spec, where=where)
         size = spec.eval_size or suite.protocol.eval_size
-        name = f"clbench_{suite.name}_{column}".replace("-", "_").replace(".", "_")
+        name = names[column]
         data = out / f"{name}.jsonl"
         with open(data, "w", encoding="utf-8") as fh:
             for ex in task.examples("eval", spec.seed, size):
@@ -76,13 +86,13 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
             "task": name, "tag": [f"clbench_{suite.name}".replace("-", "_")],
             # lm-eval would resolve a relative `data_files` against the working directory, so
             # utils.py loads the items from beside itself: the folder can be moved or shared.
-            "custom_dataset": _Tagged("!function", "utils.load_items"),
+            "custom_dataset": TaggedScalar("!function", "utils.load_items"),
             "dataset_kwargs": {"data_file": data.name},
             "test_split": "test", "output_type": "generate_until",
             "doc_to_text": "{{prompt}}", "doc_to_target": "{{reference}}",
             "generation_kwargs": {"until": ["\nUser:", "\n\nUser:"], "do_sample": False,
                                   "max_gen_toks": decoding.max_new_tokens},
-            "process_results": _Tagged("!function", "utils.process_results"),
+            "process_results": TaggedScalar("!function", "utils.process_results"),
             "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
                             {"metric": "reward", "aggregation": "mean",
                              "higher_is_better": True}],
@@ -90,8 +100,9 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
                          "suite_hash": suite.content_hash(), "column": column},
         }
         path = out / f"{name}.yaml"
-        path.write_text(f"# exported by clbench from suite {suite.name!r}, column {column!r}\n"
-                        + yaml.dump(config, Dumper=_Dumper, sort_keys=False), encoding="utf-8")
+        header = f"# exported by clbench from suite {suite.name!r}, column {column!r}\n"
+        path.write_text(header + yaml.dump(config, Dumper=TaskYamlDumper, sort_keys=False),
+                        encoding="utf-8")
         written.append(path)
     (out / "utils.py").write_text(_UTILS, encoding="utf-8")
     return written

@@ -298,3 +298,19 @@ def test_export_command(tmp_path: Path) -> None:
     assert "3 lm-eval tasks (tag clbench_echo)" in " ".join(res.output.split())
     assert len((tmp_path / "out" / "clbench_echo_low.jsonl").read_text().splitlines()) == 4
     assert (tmp_path / "out" / "utils.py").is_file()
+
+
+def test_export_refuses_two_columns_that_would_share_a_task_name(tmp_path: Path) -> None:
+    from clbench.errors import UserError
+    from test_protocol import PLUGINS, SUITE
+
+    data = yaml.safe_load(SUITE)
+    probe = data["probes"][0]
+    data["probes"] = [{**probe, "name": "all-x"}, {**probe, "name": "all_x"}]  # both all_x
+    suite = SuiteSpec.model_validate(data)
+    with registry.extra_plugins(**PLUGINS), pytest.raises(UserError) as err:
+        export_lm_eval(suite, tmp_path / "export")
+    assert str(err.value) == ("columns 'all-x' and 'all_x' would both be exported as lm-eval "
+                              "task 'clbench_echo_all_x' (lm-eval names have no '-' or '.'); "
+                              "rename one")
+    assert list((tmp_path / "export").glob("*")) == []  # refused before anything is written
