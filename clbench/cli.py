@@ -23,7 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clbench import __version__
-from clbench.errors import Terminated, UserError, terminate_as_interrupt
+from clbench.errors import UserError, stop_of, terminate_as_interrupt
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -72,10 +72,9 @@ class ClbenchGroup(click.Group):
         except KeyboardInterrupt as exc:
             if ctx.find_root().params.get("debug"):
                 raise
-            terminated = isinstance(exc, Terminated)
-            word = "terminated" if terminated else "interrupted"
+            word, code = stop_of(exc)
             stderr_console().print(f"[yellow]{word}[/]")
-            ctx.exit(Terminated.exit_code if terminated else 130)  # the shell's 128 + signal
+            ctx.exit(code)
 
 
 @click.group(cls=ClbenchGroup, context_settings=CONTEXT_SETTINGS)

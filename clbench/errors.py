@@ -34,6 +34,14 @@ class Terminated(KeyboardInterrupt):
     exit_code = 128 + signal.SIGTERM
 
 
+def stop_of(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """How a stop request is named to the user, and the exit status it ends with: Ctrl-C is
+    `("interrupted", 130)`, SIGTERM (or SIGHUP) `("terminated", 143)`: the shell's 128 + signal."""
+    if isinstance(exc, Terminated):
+        return "terminated", Terminated.exit_code
+    return "interrupted", 128 + signal.SIGINT
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
     raise Terminated()
 

@@ -40,7 +40,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from clbench import registry
 from clbench.atomic import atomic_write_json
-from clbench.errors import Terminated, UserError
+from clbench.errors import UserError, stop_of
 from clbench.metrics.continual import compute_metrics
 from clbench.reporting import print_summary
 from clbench.results import (
@@ -77,7 +77,15 @@ LOWER_IS_BETTER = {"forgetting", "intransigence"}
 class RunInterrupted(UserError):
     """Ctrl-C or SIGTERM: what was complete is saved; the run can be resumed."""
 
-    exit_code = 130  # 143 after SIGTERM (set when raised)
+    exit_code = 130  # 143 after SIGTERM (see `after`)
+
+    @classmethod
+    def after(cls, stop: KeyboardInterrupt, detail: str) -> RunInterrupted:
+        """`interrupted; <detail>` (exit 130) or `terminated; <detail>` (exit 143)."""
+        word, code = stop_of(stop)
+        error = cls(f"{word}; {detail}")
+        error.exit_code = code
+        return error
 
 
 # ---------------------------------------------------------------------------------------------
@@ -261,13 +269,10 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 progress.advance(stages_bar)
                 log.info("stage %d (%s) done", stage, spec.name)
     except KeyboardInterrupt as exc:
-        how = "terminated (SIGTERM)" if isinstance(exc, Terminated) else "interrupted"
-        log.warning("%s during stage %d", how, stage)
-        stopped = RunInterrupted(f"{how}; stages 1..{len(result.matrix) - 1} are saved in "
-                                 f"{run_dir}. Continue with the same command plus --resume")
-        if isinstance(exc, Terminated):
-            stopped.exit_code = Terminated.exit_code
-        raise stopped from None
+        log.warning("%s during stage %d", stop_of(exc)[0], stage)
+        raise RunInterrupted.after(exc, f"stages 1..{len(result.matrix) - 1} are saved in "
+                                   f"{run_dir}. Continue with the same command plus --resume"
+                                   ) from None
     except Exception as exc:
         result.status = "failed"
         result.error = f"stage {stage}: {type(exc).__name__}: {exc}"

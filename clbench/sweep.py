@@ -38,6 +38,7 @@ from clbench.errors import (
     Terminated,
     UserError,
     hangup_as_termination,
+    stop_of,
     stops_deferred,
     terminate_as_interrupt,
 )
@@ -285,8 +286,7 @@ def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
                 _supervise(children, launch, jobs, console, live)
             except KeyboardInterrupt as exc:
                 stop = exc
-                word = "terminated" if isinstance(exc, Terminated) else "interrupted"
-                console.print(f"[yellow]{word}: stopping the running runs (each saves its "
+                console.print(f"[yellow]{stop_of(exc)[0]}: stopping the running runs (each saves its "
                               "completed stages)[/]")
                 stop_children(children)
                 live.update(progress_table(children), refresh=True)
@@ -295,12 +295,8 @@ def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
     finally:
         stop_children(children)  # after anything else (a bug, a second Ctrl-C): none left running
     if stop is not None:
-        terminated = isinstance(stop, Terminated)
-        stopped = RunInterrupted(
-            f"{'terminated (SIGTERM)' if terminated else 'interrupted'}; the completed stages "
-            f"of every run are saved under {launch.out_root}. Continue with the same command")
-        stopped.exit_code = Terminated.exit_code if terminated else 130
-        raise stopped
+        raise RunInterrupted.after(stop, "the completed stages of every run are saved under "
+                                   f"{launch.out_root}. Continue with the same command")
     return [c for c in children if c.state != "complete"]
 
 

@@ -127,7 +127,7 @@ def test_sigterm_mid_stage_stops_like_ctrl_c_and_exits_143(tmp_path: Path) -> No
     code, output = _signal_mid_stage_2(common, tmp_path, signal.SIGTERM)
     assert code == 128 + signal.SIGTERM, output
     assert "Traceback" not in output
-    assert "terminated (SIGTERM)" in output and "--resume" in output
+    assert "terminated; stages 1..1 are saved" in output and "--resume" in output
     partial = read_results(out / "results.json")
     assert partial.status == "partial" and len(partial.matrix) == 2
     resumed = run_cli(common + ["--resume"])
