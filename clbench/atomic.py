@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 _DEFAULT_MODE = 0o644  # new files are readable by the leaderboard builder and other users
 
@@ -107,6 +107,19 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     with open(target, "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def try_file_lock(path: str | os.PathLike[str]) -> IO[str] | None:
+    """Take an exclusive advisory lock on `path` (created if missing) without waiting: the open
+    file that holds it (close it to release; the process dying releases it too), or None when
+    another process holds it."""
+    handle = open(path, "a")  # "a": creating it must not truncate what a holder wrote
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -54,7 +54,9 @@ from clbench.results import (
 from clbench.rows import base_row, evaluate_row, plan_columns, to_cells
 from clbench.rundir import (
     IDENTITY_FILE,
+    RunDirError,
     check_run_dir,
+    lock_run_dir,
     load_checkpoint,
     prune_checkpoints,
     run_identity,
@@ -149,25 +151,47 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
     dist = make_distributed(run)
     if not dist.is_main:
         console = Console(quiet=True)
-    previous = check_run_dir(run_dir, identity, resume)
-    dist.wait()  # every process has looked at the directory before the main one writes to it
-    if previous is not None and previous.status == "complete":
+    def already_complete(previous: RunResult | None) -> bool:
+        if previous is None or previous.status != "complete":
+            return False
         console.print(f"[green]{run_dir} is already complete[/]")
         print_summary(console, previous)
-        return previous
-    check_lm_eval_probes(run)  # every process: it only reads task folders
-    handler = None
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(run_dir / IDENTITY_FILE, identity)
-        handler = _attach_log(run_dir)
-    dist.wait()
+        return True
+
+    # A complete run is only read (a results folder may be read-only); another run's folder is
+    # refused before anything is written to it.
+    previous = check_run_dir(run_dir, identity, resume)
+    dist.wait()  # every process has looked at the directory before the main one writes to it
+    if already_complete(previous):
+        return previous  # type: ignore[return-value]
+    lock = handler = None
     try:
+        refusal = None
+        if dist.is_main:
+            try:
+                lock = lock_run_dir(run_dir)
+            except RunDirError as exc:
+                refusal = str(exc)
+        refusal = dist.broadcast(refusal)
+        if refusal is not None:
+            raise RunDirError(refusal)
+        # Read (again) under the lock: a process that held it may have finished the run since.
+        previous = check_run_dir(run_dir, identity, resume)
+        dist.wait()
+        if already_complete(previous):
+            return previous  # type: ignore[return-value]
+        check_lm_eval_probes(run)  # every process: it only reads task folders
+        if dist.is_main:
+            atomic_write_json(run_dir / IDENTITY_FILE, identity)
+            handler = _attach_log(run_dir)
+        dist.wait()
         return _execute(run, run_dir, method, method_config, previous, console, dist)
     finally:
         if handler is not None:
             logging.getLogger("clbench").removeHandler(handler)
             handler.close()
+        if lock is not None:
+            lock.close()
 
 
 def check_lm_eval_probes(run: RunSpec) -> None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from clbench.atomic import atomic_dir
+from clbench.atomic import atomic_dir, try_file_lock
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 from clbench.seeding import rng_states
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from clbench.engine.api import Method
 
 IDENTITY_FILE = "run.json"
+#: Locked (flock) by the process that runs the run, so a second one is refused.
+LOCK_FILE = ".running"
 
 
 class RunDirError(UserError):
@@ -89,7 +91,7 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
     (same suite, method config, model and seed, as the current schemas read them) or be empty.
     """
     id_file = run_dir / IDENTITY_FILE
-    if not run_dir.exists() or not any(run_dir.iterdir()):
+    if not run_dir.exists() or not any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         return None
     if not id_file.is_file():
         raise RunDirError(f"{run_dir} is not empty and holds no clbench run ({IDENTITY_FILE} "
@@ -117,6 +119,18 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
                           "print its results with `clbench report`), or choose another --out")
     path = run_dir / RESULTS_FILENAME
     return read_results(path) if path.is_file() else None
+
+
+def lock_run_dir(run_dir: Path) -> IO[str]:
+    """Create `run_dir` and lock it for this process (released when the returned file is closed
+    or the process dies). Refuses a directory another process is running a run in: two
+    processes resuming one run would write over each other's stages."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = try_file_lock(run_dir / LOCK_FILE)
+    if handle is None:
+        raise RunDirError(f"another clbench process is running the run in {run_dir} right now; "
+                          "let it finish (or stop it) before resuming, or choose another --out")
+    return handle
 
 
 def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any, Any]]:

@@ -131,3 +131,30 @@ def test_a_damaged_identity_file_is_a_clear_refusal(tmp_path: Path, content: str
     (tmp_path / "run" / IDENTITY_FILE).write_bytes(content.encode("utf-8", "surrogateescape"))
     with pytest.raises(RunDirError, match=r"run.json is damaged .*restore it or choose another"):
         check_run_dir(tmp_path / "run", run_identity(run, config), resume=True)
+
+
+def test_a_run_another_process_is_running_is_refused(tmp_path: Path) -> None:
+    """Two processes resuming one run would write over each other's stages; the second is
+    refused while the first holds the folder, and proceeds once it is released."""
+    from test_protocol import SUITE, run_cli, write_suite
+
+    from clbench.rundir import LOCK_FILE, lock_run_dir
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    out = tmp_path / "run"
+    args = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+            "--out", str(out), "--resume"]
+    held = lock_run_dir(out)  # as the running process holds it (flock: per open file)
+    try:
+        res = run_cli(args)
+        assert res.exit_code == 2, res.output
+        assert "another clbench process is running the run in" in " ".join(res.output.split())
+        assert "Traceback" not in res.output
+        assert [p.name for p in out.iterdir()] == [LOCK_FILE]  # nothing written
+        with pytest.raises(RunDirError, match="another clbench process"):
+            lock_run_dir(out)
+    finally:
+        held.close()
+    res = run_cli(args)  # the lock file left behind does not make the folder "another run"
+    assert res.exit_code == 0, res.output
+    assert (out / RESULTS_FILENAME).is_file()
