@@ -34,9 +34,8 @@ from clbench.engine.losses import (distillation_per_token, importance_weight,
                                    topk_logprob_divergence)
 from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings, OnPolicyTrainer,
                                      RolloutBatch, pad_to)
-from clbench.engine.rollout import encode_chat
 from clbench.engine.supervision import completion_supervision, random_token_mask
-from clbench.engine.teacher import TeacherWeights, plan_teacher_contexts
+from clbench.engine.teacher import TeacherWeights, fit_teacher_context, plan_teacher_contexts
 from clbench.tasks.base import seeded_rng
 
 
@@ -82,6 +81,11 @@ class SDPOConfig(OnPolicySettings):
         "(chain of thought included).")
     mask_ratio: float = Field(default=0.0, ge=0.0, le=1.0, description="Drop each supervised "
                               "token at random with this probability (supervision density).")
+    max_reprompt_tokens: int | None = Field(
+        default=10240, ge=1, description="Longest teacher prompt, in tokens (the reference's "
+        "max_reprompt_len): a longer one has its demonstration, then its feedback, cut from the "
+        "end until it fits; a rollout whose prompt alone is longer gets no teacher. null: no "
+        "limit.")
 
 
 class SDPOCoTConfig(SDPOConfig):
@@ -147,6 +151,9 @@ class SDPOObjective(Objective):
                 threshold=cfg.demo_threshold, use_feedback=cfg.use_feedback,
                 reference=example.reference if cfg.use_reference_solution else None,
                 strip_reasoning=cfg.strip_demo_reasoning)
+        fitted = [fit_teacher_context(tc, batch.examples[i // n].messages, ctx.tokenizer,
+                                      cfg.max_reprompt_tokens) for i, tc in enumerate(contexts)]
+        contexts = [tc for tc, _, _ in fitted]
         supervised = torch.zeros_like(batch.completion_mask)
         for i, (rollout, tc) in enumerate(zip(batch.rollouts, contexts)):
             if not tc.active:
@@ -159,8 +166,7 @@ class SDPOObjective(Objective):
         supervised = random_token_mask(supervised, cfg.mask_ratio, generator)
         supervised &= batch.completion_mask
         batch.extra["contexts"] = contexts
-        batch.extra["teacher_prompt_ids"] = [encode_chat(ctx.tokenizer, tc.messages)
-                                             if tc.active else None for tc in contexts]
+        batch.extra["teacher_prompt_ids"] = [ids for _, ids, _ in fitted]
         batch.extra["supervised"] = supervised
         batch.extra["normalizer"] = int(supervised.sum())
         total = max(int(batch.completion_mask.sum()), 1)
@@ -171,6 +177,7 @@ class SDPOObjective(Objective):
             "demo_fraction": sum(tc.demonstration is not None for tc in contexts) / size,
             "reference_demo_fraction": sum(tc.source == "reference" for tc in contexts) / size,
             "feedback_fraction": sum(tc.feedback is not None for tc in contexts) / size,
+            "teacher_prompt_cut_fraction": sum(cut for _, _, cut in fitted) / size,
         }
 
     # -- the loss ----------------------------------------------------------------------------------

@@ -186,6 +186,20 @@ def test_rollouts_without_demonstration_or_feedback_get_no_loss(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_teacher_prompts_over_the_limit_are_cut_or_dropped(tmp_path):
+    model, tok = tiny(seed=0)
+    report = SDPO({"lr": 1e-3, "use_reference_solution": True}).train_stage(
+        toy_context(model, tok, tmp_path / "a", steps=1, task=NeverRight()))
+    assert report.steps[0]["teacher_prompt_cut_fraction"] == 0.0  # the default is far away
+    # a limit below every prompt: no rollout keeps a teacher, so nothing is trained
+    report = SDPO({"lr": 1e-3, "use_reference_solution": True,
+                   "max_reprompt_tokens": 1}).train_stage(
+        toy_context(model, tok, tmp_path / "b", steps=1, task=NeverRight()))
+    step = report.steps[0]
+    assert step["teacher_prompt_cut_fraction"] == 1.0 and step["teacher_active_fraction"] == 0.0
+    assert report.counters["trained_tokens"] == 0 and report.counters["teacher_tokens"] == 0
+
+
 def test_reference_solution_as_privileged_context(tmp_path):
     model, tok = tiny(seed=0)
     report = SDPO({"lr": 1e-3, "use_reference_solution": True}).train_stage(

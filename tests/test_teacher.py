@@ -128,6 +128,74 @@ def test_plan_contexts_mask_feedback_and_reference():
     assert with_ref[1].source == "sibling"  # a sibling's success is preferred to the reference
 
 
+@pytest.fixture(scope="module")
+def char_tokenizer():
+    from clbench.models import build_char_tokenizer, prepare_tokenizer
+
+    return prepare_tokenizer(build_char_tokenizer())
+
+
+def _context(demo: str | None, feedback: str | None) -> tm.TeacherContext:
+    return tm.TeacherContext(tm.build_teacher_messages(PROMPT, demo, feedback, False), demo,
+                             feedback, "sibling" if demo is not None else "none")
+
+
+def test_a_teacher_prompt_within_the_limit_is_left_as_it_is(char_tokenizer):
+    from clbench.engine.rollout import encode_chat
+
+    context = _context("Answer: 37", "36 is wrong")
+    full = encode_chat(char_tokenizer, context.messages)
+    for limit in (None, len(full)):
+        fitted, ids, cut = tm.fit_teacher_context(context, PROMPT, char_tokenizer, limit)
+        assert fitted == context and ids == full and not cut
+    inactive = _context(None, None)
+    assert tm.fit_teacher_context(inactive, PROMPT, char_tokenizer, 1) == (inactive, None, False)
+
+
+def test_a_long_demonstration_is_cut_from_its_end_and_the_rest_kept(char_tokenizer):
+    from clbench.engine.rollout import encode_chat
+
+    demo = "14 + 23: add the tens, then the units. " * 20 + "Answer: 37"
+    context = _context(demo, "36 is wrong")
+    full = encode_chat(char_tokenizer, context.messages)
+    limit = len(full) - 300
+    fitted, ids, cut = tm.fit_teacher_context(context, PROMPT, char_tokenizer, limit)
+    assert cut and ids is not None and len(ids) <= limit
+    assert ids == encode_chat(char_tokenizer, fitted.messages)
+    assert demo.startswith(fitted.demonstration) and len(fitted.demonstration) < len(demo)
+    assert fitted.feedback == "36 is wrong" and fitted.source == "sibling" and fitted.active
+    # what follows the demonstration (feedback, closing instruction, assistant header) is intact
+    after_demo = char_tokenizer.decode(full).split(demo, 1)[1]
+    assert "Correctly solve the original question" in after_demo
+    assert char_tokenizer.decode(ids).endswith(fitted.demonstration + after_demo)
+    assert fitted.messages[:-1] == PROMPT[:-1]  # earlier turns untouched
+
+
+def test_when_no_demonstration_fits_the_feedback_is_kept_and_then_cut(char_tokenizer):
+    from clbench.engine.rollout import encode_chat
+
+    feedback = "36 is wrong: the units add to 7, not 6. " * 10
+    only_feedback = encode_chat(char_tokenizer, _context(None, feedback).messages)
+    context = _context("Answer: 37 " * 50, feedback)
+    fitted, ids, cut = tm.fit_teacher_context(context, PROMPT, char_tokenizer,
+                                              len(only_feedback))
+    assert cut and fitted.demonstration is None and fitted.source == "none"
+    assert fitted.feedback == feedback and ids == only_feedback
+    fitted, ids, cut = tm.fit_teacher_context(context, PROMPT, char_tokenizer,
+                                              len(only_feedback) - 100)
+    assert fitted.demonstration is None and feedback.startswith(fitted.feedback)
+    assert len(ids) <= len(only_feedback) - 100 and fitted.active
+
+
+def test_a_prompt_too_long_without_privileged_text_gets_no_teacher(char_tokenizer):
+    from clbench.engine.rollout import encode_chat
+
+    bare = encode_chat(char_tokenizer, PROMPT)
+    fitted, ids, cut = tm.fit_teacher_context(_context("Answer: 37", "36 is wrong"), PROMPT,
+                                              char_tokenizer, len(bare) - 1)
+    assert cut and ids is None and not fitted.active and fitted.messages == PROMPT
+
+
 def test_feedback_on_a_successful_rollout_is_not_used():
     plan = tm.plan_teacher_contexts(PROMPT, [1.0, 1.0], ["a", "b"], ["nice", "good"])
     assert all(c.feedback is None for c in plan)

@@ -4,6 +4,7 @@ Context. The teacher is the model re-prompted with privileged information: a suc
 rollout of the same prompt (a demonstration) and/or the verifier's feedback on the rollout. It
 scores the student's own completion under that prompt. Templates are the reference code's
 (lasgroup/SDPO and its SDPO-CL fork, TRL's ``SDPOConfig`` defaults), character for character.
+A prompt over the length limit has its privileged text cut (:func:`fit_teacher_context`).
 
 Weights. :class:`TeacherWeights` keeps the network that plays the teacher, always built from the
 in-memory student (a deep copy, never reloaded from disk, so it is right after stage 1 of a
@@ -32,7 +33,7 @@ import copy
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -165,6 +166,58 @@ def plan_teacher_contexts(prompt_messages: Messages, rewards: Sequence[float],
         messages = build_teacher_messages(prompt_messages, demo, used_fb, strip_reasoning=False)
         out.append(TeacherContext(messages, demo, used_fb, source))
     return out
+
+
+def fit_teacher_context(context: TeacherContext, prompt_messages: Messages, tokenizer: Any,
+                        max_tokens: int | None) -> tuple[TeacherContext, list[int] | None, bool]:
+    """The teacher prompt's token ids within `max_tokens`: `(context, ids, cut)`.
+
+    A longer prompt has its demonstration cut from the end, then its feedback, until it fits;
+    a part that cannot fit at all is left out. A context whose prompt is too long even without
+    either becomes inactive (`ids` None: that rollout gets no distillation loss). The reference
+    caps the re-prompt too (`max_reprompt_len`) but truncates the token sequence itself, which
+    can cut the closing instruction and the assistant header; here only the privileged text is
+    shortened. `max_tokens` None: no limit. An inactive context is returned as it is.
+    """
+    from clbench.engine.rollout import encode_chat
+
+    if not context.active:
+        return context, None, False
+    ids = encode_chat(tokenizer, context.messages)
+    if max_tokens is None or len(ids) <= max_tokens:
+        return context, ids, False
+    parts = {"demonstration": context.demonstration, "feedback": context.feedback}
+    for name in ("demonstration", "feedback"):
+        text = parts[name]
+        if text is None:
+            continue
+        pieces = tokenizer(text, add_special_tokens=False)["input_ids"]
+        keep = len(pieces) - (len(ids) - max_tokens)
+        while keep > 0:
+            trial = {**parts, name: tokenizer.decode(pieces[:keep])}
+            messages = build_teacher_messages(prompt_messages, trial["demonstration"],
+                                              trial["feedback"], strip_reasoning=False)
+            ids = encode_chat(tokenizer, messages)
+            if len(ids) <= max_tokens:
+                return _refitted(context, messages, trial), ids, True
+            keep -= max(1, len(ids) - max_tokens)  # a re-tokenised cut can differ by a token
+        parts[name] = None
+        if parts["demonstration"] is None and parts["feedback"] is None:
+            break
+        messages = build_teacher_messages(prompt_messages, parts["demonstration"],
+                                          parts["feedback"], strip_reasoning=False)
+        ids = encode_chat(tokenizer, messages)
+        if len(ids) <= max_tokens:
+            return _refitted(context, messages, parts), ids, True
+    return replace(context, messages=[dict(m) for m in prompt_messages], demonstration=None,
+                   feedback=None, source="none"), None, True
+
+
+def _refitted(context: TeacherContext, messages: Messages, parts: dict[str, str | None]
+              ) -> TeacherContext:
+    return replace(context, messages=messages, demonstration=parts["demonstration"],
+                   feedback=parts["feedback"],
+                   source=context.source if parts["demonstration"] is not None else "none")
 
 
 # ---------------------------------------------------------------------------------------------
