@@ -191,6 +191,9 @@ def _task_manager(probe: LmEvalProbe, base_dir: Path | None) -> Iterator[tuple[s
             raise LmEvalProbeError(
                 f"lm-eval name {task!r} is a tag: lm-eval reports no score for a tag, only for "
                 f"each of its tasks; name one task, or a group with an `aggregate_metric_list`")
+        promised = promised_keys(entry.cfg or {})
+        if promised is not None:  # a bad metric fails now, not after the probe has run
+            result_key(task, probe.metric, dict.fromkeys(promised))
         if not need_defaults and _refers_elsewhere(entry.cfg, manager.task_index):
             # a group of ours may gather built-in tasks (e.g. `task: [arc_easy, hellaswag]`)
             manager = TaskManager(include_path=folders, include_defaults=True)
@@ -333,16 +336,33 @@ def result_key(task: str, metric: str, reported: dict[str, Any],
     return key
 
 
+def promised_keys(cfg: dict[str, Any]) -> set[str] | None:
+    """The `metric,filter` keys a task's (or group's) config says lm-eval will report, or None
+    when the config does not say (metrics defined in code, a group without an aggregate)."""
+    if "group" in cfg:
+        keys = set()
+        for m in cfg.get("aggregate_metric_list") or []:
+            if not isinstance(m, dict) or not isinstance(m.get("metric"), str):
+                return None
+            filters = m.get("filter_list") or "none"  # lm-eval's default for an aggregate
+            keys |= {f"{m['metric']},{f}" for f in ([filters] if isinstance(filters, str)
+                                                     else filters)}
+        return keys or None
+    metrics = [m.get("metric") if isinstance(m, dict) else None
+               for m in cfg.get("metric_list") or []]
+    if not metrics or not all(isinstance(m, str) for m in metrics):
+        return None
+    filters = [f.get("name") if isinstance(f, dict) else None for f in cfg.get("filter_list") or []]
+    if not all(isinstance(f, str) for f in filters):
+        return None
+    return {f"{m},{f}" for m in metrics for f in filters or ["none"]}
+
+
 def _leaf_tasks(name: str, group_subtasks: dict[str, list[str]]) -> list[str]:
     """The tasks under `name`, through nested groups (`name` itself when it is a task)."""
     if name not in group_subtasks:
         return [name]
     return [leaf for child in group_subtasks[name] for leaf in _leaf_tasks(child, group_subtasks)]
-
-
-def probe_higher_is_better(metric: str) -> bool:
-    """lm-eval's convention: perplexities and error rates go down, everything else up."""
-    return not any(k in metric for k in ("perplexity", "ppl", "bits_per_byte", "ter"))
 
 
 def _record(sample: dict[str, Any], metric: str, prefix: str = "") -> ItemRecord:

@@ -206,6 +206,29 @@ def test_check_probe_refuses_an_unknown_name_without_indexing_lm_evals_tasks(mon
     assert [kw["include_defaults"] for kw in built] == [False] * 4
 
 
+def test_check_probe_refuses_a_metric_the_task_will_not_report() -> None:
+    """The configs say which `metric,filter` keys lm-eval will report: a bad or ambiguous
+    metric fails when the run starts, not after the probe has been evaluated."""
+    def check(task: str, metric: str) -> None:
+        check_probe(LmEvalProbe(task=task, metric=metric, include_path=str(FIXTURES)))
+
+    with pytest.raises(LmEvalProbeError, match=re.escape(
+            "reports 'exact_match' under several filters: exact_match,loose, "
+            "exact_match,strict; name one as `metric: exact_match,loose`")):
+        check("fixture_gen_two_filters", "exact_match")
+    check("fixture_gen_two_filters", "exact_match,strict")
+    check("fixture_gen_one_filter", "exact_match")  # its only filter
+    with pytest.raises(LmEvalProbeError, match=re.escape(
+            "has no metric 'exact_match,none'; it reports: exact_match,strict")):
+        check("fixture_gen_one_filter", "exact_match,none")
+    with pytest.raises(LmEvalProbeError, match=re.escape(
+            "lm-eval task 'fixture_mc_a' has no metric 'acc_norm'; it reports: acc,none")):
+        check("fixture_mc_a", "acc_norm")
+    with pytest.raises(LmEvalProbeError, match=re.escape(
+            "lm-eval task 'fixture_mc_group' has no metric 'f1'; it reports: acc,none")):
+        check("fixture_mc_group", "f1")
+
+
 def test_a_group_of_ours_over_built_in_tasks_brings_the_built_in_index() -> None:
     from lm_eval.tasks import TaskManager
 
