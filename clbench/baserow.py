@@ -108,7 +108,7 @@ def files_fingerprint(folders: Sequence[Path]) -> str:
 
 def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], result: RunResult) -> str:
     """The cache key of row 0 (see the module docstring for what it covers)."""
-    from clbench.lmeval import user_task_folders
+    from clbench.lmeval_tasks import user_task_folders
 
     protocol = run.suite.protocol
     base_dir = Path(run.suite_file).parent if run.suite_file else None

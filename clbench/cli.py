@@ -410,7 +410,7 @@ def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) 
       lm_eval --model hf --model_args pretrained=CKPT --include_path lmeval_tasks \\
           --tasks clbench_starter
     """
-    from clbench.lmeval import export_lm_eval
+    from clbench.lmeval_export import export_lm_eval
     from clbench.suites import load_suite, resolve_suite, validate_suite_plugins
 
     path = resolve_suite(suite_ref)

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from clbench.errors import UserError
-from clbench.lmeval import TaggedScalar, TaskYamlDumper
+from clbench.lmeval_tasks import TaggedScalar, TaskYamlDumper
 
 _UTILS = '''"""Data and grading of clbench tasks exported for lm-eval (grading needs `clbench`)."""
 

@@ -13,13 +13,12 @@ import torch
 import yaml
 
 from clbench import lmeval, registry
-from clbench.lmeval import (
+from clbench.lmeval import check_probe, run_probe
+from clbench.lmeval_tasks import (
     OFFLINE_TASK,
     SHIPPED_TASK_DIR,
     LmEvalProbeError,
-    check_probe,
     resolve_task_folder,
-    run_probe,
 )
 from clbench.lmeval_export import export_lm_eval, grade_exported_doc
 from clbench.specs import LmEvalProbe, SuiteSpec
