@@ -98,38 +98,24 @@ def test_resume_of_a_complete_run_reprints_without_training(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
-def test_ctrl_c_mid_stage_keeps_completed_stages_and_exits_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig, code, word", [
+    (signal.SIGINT, 130, "interrupted"),   # Ctrl-C
+    (signal.SIGTERM, 143, "terminated"),   # what a scheduler sends before it kills a job
+])
+def test_a_stop_request_mid_stage_keeps_completed_stages(tmp_path: Path, sig: int, code: int,
+                                                         word: str) -> None:
     from test_protocol import SUITE, run_cli, write_suite
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
-    out = tmp_path / "interrupted"
+    out = tmp_path / word
     common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
               "--device", "cpu", "--out", str(out)]
-    code, output = _signal_mid_stage_2(common, tmp_path, signal.SIGINT)
-    assert code == 130, output
-    assert "Traceback" not in output and "interrupted" in output.lower()
+    exit_code, output = _signal_mid_stage_2(common, tmp_path, sig)
+    assert exit_code == code, output
+    assert "Traceback" not in output
+    assert f"{word}; stages 1..1 are saved" in output and "--resume" in output
     partial = read_results(out / "results.json")
     assert partial.status == "partial" and len(partial.matrix) == 2  # base + stage 1 kept
-    resumed = run_cli(common + ["--resume"])
-    assert resumed.exit_code == 0, resumed.output
-    assert read_results(out / "results.json").status == "complete"
-
-
-@pytest.mark.slow
-def test_sigterm_mid_stage_stops_like_ctrl_c_and_exits_143(tmp_path: Path) -> None:
-    """What a scheduler sends before it kills a job: the same clean stop as Ctrl-C."""
-    from test_protocol import SUITE, run_cli, write_suite
-
-    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
-    out = tmp_path / "terminated"
-    common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
-              "--device", "cpu", "--out", str(out)]
-    code, output = _signal_mid_stage_2(common, tmp_path, signal.SIGTERM)
-    assert code == 128 + signal.SIGTERM, output
-    assert "Traceback" not in output
-    assert "terminated; stages 1..1 are saved" in output and "--resume" in output
-    partial = read_results(out / "results.json")
-    assert partial.status == "partial" and len(partial.matrix) == 2
     resumed = run_cli(common + ["--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert read_results(out / "results.json").status == "complete"
