@@ -197,19 +197,27 @@ def result_key(task: str, metric: str, reported: dict[str, Any],
     return key
 
 
+def _metric_name(value: Any) -> str | None:
+    """A metric as a config names it, or None for one given as code (`!function utils.f`, which
+    lm-eval's index holds as a path or a function and reports under the function's name)."""
+    if isinstance(value, str) and "/" not in value and "\\" not in value:
+        return value
+    return None
+
+
 def promised_keys(cfg: dict[str, Any]) -> set[str] | None:
     """The `metric,filter` keys a task's (or group's) config says lm-eval will report, or None
     when the config does not say (metrics defined in code, a group without an aggregate)."""
     if "group" in cfg:
         keys = set()
         for m in cfg.get("aggregate_metric_list") or []:
-            if not isinstance(m, dict) or not isinstance(m.get("metric"), str):
+            if not isinstance(m, dict) or _metric_name(m.get("metric")) is None:
                 return None
             filters = m.get("filter_list") or "none"  # lm-eval's default for an aggregate
             keys |= {f"{m['metric']},{f}" for f in ([filters] if isinstance(filters, str)
                                                      else filters)}
         return keys or None
-    metrics = [m.get("metric") if isinstance(m, dict) else None
+    metrics = [_metric_name(m.get("metric")) if isinstance(m, dict) else None
                for m in cfg.get("metric_list") or []]
     if not metrics or not all(isinstance(m, str) for m in metrics):
         return None

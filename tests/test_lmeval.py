@@ -336,3 +336,23 @@ def test_export_refuses_two_columns_that_would_share_a_task_name(tmp_path: Path)
                               "task 'clbench_echo_all_x' (lm-eval names have no '-' or '.'); "
                               "rename one")
     assert list((tmp_path / "export").glob("*")) == []  # refused before anything is written
+
+
+def test_promised_keys_of_real_lm_eval_configs() -> None:
+    """The configs of lm-eval's own tasks, as its index holds them: a metric given as
+    `!function utils.pass_at_1` is indexed as a path but reported under the function's name,
+    so the config promises nothing checkable (a correct probe metric must not be refused)."""
+    from clbench.lmeval import promised_keys
+
+    gsm8k = {"task": "gsm8k", "metric_list": [{"metric": "exact_match"}],
+             "filter_list": [{"name": "strict-match"}, {"name": "flexible-extract"}]}
+    assert promised_keys(gsm8k) == {"exact_match,strict-match", "exact_match,flexible-extract"}
+    mmlu = {"group": "mmlu", "aggregate_metric_list": [{"metric": "acc", "weight_by_size": True}]}
+    assert promised_keys(mmlu) == {"acc,none"}
+    redux = {"group": "mmlu_redux_generative", "aggregate_metric_list": [
+        {"metric": "exact_match", "filter_list": "default"}]}
+    assert promised_keys(redux) == {"exact_match,default"}
+    mbpp = {"task": "mbpp", "metric_list": [
+        {"metric": "/site-packages/lm_eval/tasks/mbpp/utils.pass_at_1"}]}
+    assert promised_keys(mbpp) is None
+    assert promised_keys({"task": "t", "metric_list": [{"metric": len}]}) is None
