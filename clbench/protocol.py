@@ -172,6 +172,8 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
                 lock = lock_run_dir(run_dir)
             except RunDirError as exc:
                 refusal = str(exc)
+            except OSError as exc:  # e.g. a read-only folder: said to every rank, none left waiting
+                refusal = f"cannot lock {run_dir} to run in it: {exc}"
         refusal = dist.broadcast(refusal)
         if refusal is not None:
             raise RunDirError(refusal)

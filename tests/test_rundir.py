@@ -158,3 +158,33 @@ def test_a_run_another_process_is_running_is_refused(tmp_path: Path) -> None:
     res = run_cli(args)  # the lock file left behind does not make the folder "another run"
     assert res.exit_code == 0, res.output
     assert (out / RESULTS_FILENAME).is_file()
+
+
+def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """The main process's failure to lock (a read-only folder, say) goes to every rank through
+    the broadcast: a rank left waiting in it while the main one raised would hang the launch."""
+    from test_protocol import SUITE, run_cli, write_suite
+
+    from clbench import protocol
+
+    def unlockable(run_dir: Path) -> None:
+        raise PermissionError(13, "Permission denied", str(run_dir / ".running"))
+
+    real = protocol.make_distributed
+    broadcasts = []
+
+    def recording(run):  # the single-process helper, its broadcasts recorded
+        dist = real(run)
+        original = dist.broadcast
+        dist.broadcast = lambda obj: broadcasts.append(obj) or original(obj)
+        return dist
+
+    monkeypatch.setattr(protocol, "lock_run_dir", unlockable)
+    monkeypatch.setattr(protocol, "make_distributed", recording)
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+                   "--out", str(tmp_path / "run")])
+    assert res.exit_code == 2, res.output
+    assert "cannot lock" in " ".join(res.output.split()) and "Permission denied" in res.output
+    assert len(broadcasts) == 1 and "Permission denied" in broadcasts[0]
