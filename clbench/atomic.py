@@ -82,7 +82,13 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
             # speaking of without a `path`, where deleting a large folder would leave one.
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
             os.replace(target, old / target.name)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except BaseException:  # Ctrl-C included: the old folder goes back, as it was
+            if old is not None:
+                os.replace(old / target.name, target)
+                shutil.rmtree(old, ignore_errors=True)
+            raise
         _fsync_dir(target.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

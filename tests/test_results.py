@@ -236,3 +236,23 @@ def test_atomic_dir_replaces_a_folder_without_deleting_it_first(tmp_path: Path,
     assert seen_at_delete == ["new"]  # the new folder was in place before anything was deleted
     assert (target / "a.txt").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stage1"]  # nothing left beside it
+
+
+def test_atomic_dir_puts_the_old_folder_back_when_the_new_one_cannot_go_in(tmp_path: Path,
+                                                                          monkeypatch) -> None:
+    target = tmp_path / "stage1"
+    with atomic.atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("old")
+    real_replace = atomic.os.replace
+
+    def replace(src, dst):  # moving the old folder aside works; renaming the new one in fails
+        if Path(dst) == target and "-old-" not in str(src):
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt), atomic.atomic_dir(target) as tmp:
+        (tmp / "a.txt").write_text("new")
+    monkeypatch.setattr(atomic.os, "replace", real_replace)
+    assert (target / "a.txt").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stage1"]
