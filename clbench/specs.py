@@ -70,7 +70,7 @@ class StageSpec(Spec):
 
 #: lm-eval metrics that cannot be a column of R (lower is better, not bounded by 1).
 LOWER_IS_BETTER_LM_EVAL_METRICS = frozenset({
-    "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "ter"})
+    "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "ter", "brier_score"})
 
 
 class LmEvalProbe(Spec):

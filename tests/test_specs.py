@@ -262,3 +262,17 @@ def test_a_lower_is_better_lm_eval_metric_is_refused_in_the_suite(write_suite) -
         f"{path}: probes[0].lm_eval.metric: Value error, 'word_perplexity' is lower-is-better "
         "and not a fraction; a probe column is scored like an accuracy (e.g. acc, acc_norm, "
         "exact_match)")
+
+
+def test_every_lower_is_better_metric_lm_eval_registers_is_refused_as_a_probe_score() -> None:
+    """The list is lm-eval's own: every metric it registers as lower-is-better (brier_score
+    included, which a multiple-choice task may list) cannot be a column of R."""
+    import importlib
+
+    importlib.import_module("lm_eval.api.metrics")  # registers the metrics
+    from lm_eval.api.registry import HIGHER_IS_BETTER_REGISTRY
+
+    from clbench.specs import LOWER_IS_BETTER_LM_EVAL_METRICS
+
+    lower = {name for name, higher in HIGHER_IS_BETTER_REGISTRY.items() if higher is False}
+    assert lower and lower <= LOWER_IS_BETTER_LM_EVAL_METRICS
