@@ -10,12 +10,14 @@ its history), never into the run directory, which refuses anything but a clbench
 that fails does not stop the others; the sweep lists it with the end of its log and exits
 non-zero after the comparison of what completed; so does a child stopped by a signal from
 outside the sweep (its run is not complete either). Ctrl-C, SIGTERM or SIGHUP to the sweep sends
-SIGTERM to every child (each saves its completed stages) and waits for them; no child outlives
-the sweep, except after a SIGKILL, which nothing can catch.
+SIGTERM to every child (each saves its completed stages) and waits for them. On Linux a child
+also gets SIGTERM when the sweep dies of a SIGKILL, which the sweep itself cannot catch, so no
+child outlives the sweep.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -52,6 +54,8 @@ from clbench.specs import RunSpec
 POLL_SECONDS = 1.0
 #: Seconds a child gets to save and exit after SIGTERM before it is killed.
 STOP_GRACE_SECONDS = 30.0
+#: prctl option: the signal a process gets when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
 #: Lines of a failed child's log shown at the end of the sweep.
 LOG_TAIL_LINES = 12
 
@@ -193,7 +197,25 @@ class ChildLauncher:
             # every child with one SIGTERM (two signals could cut a child's saving short).
             return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, env=self.environment(),
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=functools.partial(terminate_with_parent,
+                                                                 os.getpid()))
+
+
+def terminate_with_parent(parent: int) -> None:
+    """Run in a child before it starts (Linux): SIGTERM it when the sweep dies, even by SIGKILL,
+    which the sweep cannot catch, so that no run is left training unsupervised; the child then
+    stops cleanly, as on any SIGTERM. Elsewhere nothing happens."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM) != 0:
+            return
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:  # the sweep died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def threads_per_child(device: str, parallel: int) -> int | None:

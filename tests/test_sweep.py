@@ -288,21 +288,54 @@ def _stages_done(folder: Path) -> int:
         return -1
 
 
-@pytest.mark.slow
-def test_sigterm_stops_every_child_and_exits_143(tmp_path: Path) -> None:
-    root = tmp_path / "grid"
+def _sweep_in_stage_2(root: Path) -> subprocess.Popen:
+    """A `sweep --jobs 2` child process whose two runs have finished stage 1 (stage 2 lasts
+    until a signal)."""
     sweep_process = subprocess.Popen(
         [sys.executable, "-m", "clbench.cli", "sweep", "--suite", "smoke", "--methods", "sft",
          "--seeds", "0,1", "--out", str(root), "--device", "cpu", "--jobs", "2",
-         "--set", "stages[1].budget.steps=100000"],  # stage 2 lasts until the signal
+         "--set", "stages[1].budget.steps=100000"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not all(_stages_done(run_dir(root, s)) == 1 for s in SEEDS):
+        if sweep_process.poll() is not None or time.monotonic() > deadline:
+            sweep_process.kill()
+            pytest.fail(f"the children never finished stage 1: {sweep_process.communicate()}")
+        time.sleep(0.2)
+    return sweep_process
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_by_sigkill_leaves_no_run_training(tmp_path: Path) -> None:
+    """SIGKILL cannot be caught by the sweep; its children get SIGTERM from the kernel when it
+    dies (Linux) and stop cleanly, keeping their completed stages."""
+    root = tmp_path / "grid"
+    sweep_process = _sweep_in_stage_2(root)
+    children = _children_of(sweep_process.pid)
+    assert len(children) == 2
+    try:
+        sweep_process.kill()
+        sweep_process.wait(timeout=30)
+        deadline = time.monotonic() + 120
+        while [pid for pid in children if _alive(pid)] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in children if _alive(pid)]
+    finally:
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    for seed in SEEDS:
+        log = (root / "logs" / f"sft-s{seed}.log").read_text()
+        assert "terminated; stages 1..1 are saved" in log  # a clean stop, not a kill
+        assert len(read_results(run_dir(root, seed) / "results.json").matrix) == 2
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_child_and_exits_143(tmp_path: Path) -> None:
+    root = tmp_path / "grid"
+    sweep_process = _sweep_in_stage_2(root)
     children: list[int] = []
     try:
-        deadline = time.monotonic() + 300
-        while not all(_stages_done(run_dir(root, s)) == 1 for s in SEEDS):
-            assert sweep_process.poll() is None, sweep_process.communicate()
-            assert time.monotonic() < deadline, "the children never finished stage 1"
-            time.sleep(0.2)
         children = _children_of(sweep_process.pid)
         assert len(children) == 2
         sweep_process.send_signal(signal.SIGTERM)
