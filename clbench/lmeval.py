@@ -87,7 +87,7 @@ def check_probe(probe: LmEvalProbe, base_dir: Path | None = None) -> None:
     (~15 s); a name found in none of the task files is refused in about a second.
     """
     with _task_manager(probe, base_dir):
-        pass
+        pass  # entering it is the check: it raises for an unknown name or a bad metric
 
 
 def _unknown(task: str) -> LmEvalProbeError:

@@ -11,6 +11,7 @@ stage done, written into a temp folder and renamed into place.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -71,16 +72,12 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None) -> di
             out["suite_hash"] = spec.content_hash()
         except ValidationError:
             out["suite_spec"] = suite
-    try:
+    with contextlib.suppress(ValidationError):  # kept as written (see above)
         out["model"] = ModelSpec.model_validate(identity.get("model")).model_dump(mode="json")
-    except ValidationError:
-        pass
-    try:
+    with contextlib.suppress(UserError):  # an unknown method or a config it no longer takes
         config = registry.validate_method_params(identity.get("method", ""),
                                                  identity.get("method_config"))
         out["method_config"] = config.model_dump(mode="json")
-    except UserError:
-        pass
     return out
 
 

@@ -17,6 +17,7 @@ child outlives the sweep.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -360,10 +361,8 @@ def stop_children(children: Sequence[Child], grace: float = STOP_GRACE_SECONDS) 
         deadline = time.monotonic() + grace
         for child in signalled:
             assert child.process is not None
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # killed below
                 child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
     finally:
         for child in running:
             assert child.process is not None
