@@ -112,6 +112,10 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
         more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
         raise RunDirError(f"{run_dir} holds another run ({detail}{more}); choose another --out")
     if not resume:
+        if _running_elsewhere(run_dir):
+            # "pass --resume" would only lead to the lock's refusal
+            raise RunDirError(f"another clbench process is running this run in {run_dir} right "
+                              "now; let it finish, or choose another --out")
         raise RunDirError(f"{run_dir} already holds this run; pass --resume to continue it (or "
                           "print its results with `clbench report`), or choose another --out")
     path = run_dir / RESULTS_FILENAME
@@ -128,6 +132,17 @@ def lock_run_dir(run_dir: Path) -> IO[str]:
         raise RunDirError(f"another clbench process is running the run in {run_dir} right now; "
                           "let it finish (or stop it) before resuming, or choose another --out")
     return handle
+
+
+def _running_elsewhere(run_dir: Path) -> bool:
+    """Whether another process holds `run_dir`'s lock (probed without taking it for long)."""
+    if not (run_dir / LOCK_FILE).is_file():
+        return False
+    handle = try_file_lock(run_dir / LOCK_FILE)
+    if handle is None:
+        return True
+    handle.close()
+    return False
 
 
 def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any, Any]]:

@@ -159,6 +159,22 @@ def test_a_run_another_process_is_running_is_refused(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert (out / RESULTS_FILENAME).is_file()
 
+    # Without --resume, a run being run elsewhere is not answered "pass --resume" (which the
+    # lock would then refuse), and a finished, idle one is.
+    fresh = [a for a in args if a != "--resume"]
+    held = lock_run_dir(out)
+    try:
+        res = run_cli(fresh)
+    finally:
+        held.close()
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert "another clbench process is running this run in" in said
+    assert "pass --resume" not in said
+    res = run_cli(fresh)
+    assert res.exit_code == 2, res.output
+    assert "already holds this run; pass --resume" in " ".join(res.output.split())
+
 
 def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
                                                                  monkeypatch) -> None:
