@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from clbench.errors import UserError
-from clbench.lmeval_tasks import TaggedScalar, TaskYamlDumper
+from clbench.lmeval_tasks import SHIPPED_TASK_DIR, TaggedScalar, TaskYamlDumper, TaskYamlLoader
 
 _UTILS = '''"""Data and grading of clbench tasks exported for lm-eval (grading needs `clbench`)."""
 
@@ -68,6 +68,10 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
             other = next(c for c, n in names.items() if n == name)
             raise UserError(f"columns {other!r} and {column!r} would both be exported as lm-eval "
                             f"task {name!r} (lm-eval names have no '-' or '.'); rename one")
+        if name in _shipped_task_names():
+            raise UserError(f"column {column!r} would be exported as lm-eval task {name!r}, the "
+                            "name of a task shipped with clbench (probes see both); rename the "
+                            "column or the suite")
         names[column] = name
     written = []
     for column, spec, where in columns:
@@ -106,6 +110,12 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
         written.append(path)
     (out / "utils.py").write_text(_UTILS, encoding="utf-8")
     return written
+
+
+def _shipped_task_names() -> set[str]:
+    """The `task:` names of the lm-eval tasks shipped with clbench."""
+    return {yaml.load(p.read_text(encoding="utf-8"), Loader=TaskYamlLoader).get("task")
+            for p in SHIPPED_TASK_DIR.glob("*.yaml")}
 
 
 _GRADERS: dict[str, Any] = {}

@@ -338,6 +338,23 @@ def test_export_refuses_two_columns_that_would_share_a_task_name(tmp_path: Path)
     assert list((tmp_path / "export").glob("*")) == []  # refused before anything is written
 
 
+def test_export_refuses_the_name_of_a_shipped_task(tmp_path: Path) -> None:
+    """Suite `general` with a column `mc` would be exported as the shipped probe's task
+    `clbench_general_mc`, and a probe including the export would see two tasks of that name."""
+    from clbench.errors import UserError
+    from test_protocol import PLUGINS, SUITE
+
+    data = yaml.safe_load(SUITE)
+    data["name"] = "general"
+    data["probes"] = [{**data["probes"][0], "name": "mc"}]
+    suite = SuiteSpec.model_validate(data)
+    with registry.extra_plugins(**PLUGINS), pytest.raises(UserError) as err:
+        export_lm_eval(suite, tmp_path / "export")
+    assert "column 'mc' would be exported as lm-eval task 'clbench_general_mc', the name of a " \
+           "task shipped with clbench" in str(err.value)
+    assert list((tmp_path / "export").glob("*")) == []
+
+
 def test_promised_keys_of_real_lm_eval_configs() -> None:
     """The configs of lm-eval's own tasks, as its index holds them: a metric given as
     `!function utils.pass_at_1` is indexed as a path but reported under the function's name,
