@@ -33,7 +33,8 @@ def main() -> None:
     examples = build_task(TASK).examples("train", TASK.seed, args.items)
     contexts = {
         "student prompt": lambda ex: ex.messages,
-        "teacher, demonstration": lambda ex: build_teacher_messages(ex.messages, ex.reference, None),
+        "teacher, demonstration": lambda ex: build_teacher_messages(ex.messages, ex.reference,
+                                                                    None),
         "teacher, feedback only": lambda ex: build_teacher_messages(
             ex.messages, None, "Your answer 1 is wrong."),
     }

@@ -61,7 +61,8 @@ class ModelLoadError(SpecError):
 # ---------------------------------------------------------------------------------------------
 
 def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
-    """`auto` -> the first CUDA device when present, else the CPU; other strings as torch reads them."""
+    """`auto` -> the first CUDA device when present, else the CPU; other strings as torch reads
+    them."""
     import torch
 
     if isinstance(device, torch.device):

@@ -134,8 +134,9 @@ def _attach_log(run_dir: Path) -> logging.Handler:
 def execute(run: RunSpec, resume: bool = False, console: Console | None = None) -> RunResult:
     """Run (or resume) one suite x method x seed and return its result.
 
-    Raises :class:`clbench.rundir.RunDirError` for a directory of another run, :class:`RunInterrupted` on
-    Ctrl-C (after saving what is complete). A method that raises leaves a `failed` result.
+    Raises :class:`clbench.rundir.RunDirError` for a directory of another run,
+    :class:`RunInterrupted` on Ctrl-C (after saving what is complete). A method that raises
+    leaves a `failed` result.
     """
     console = console or Console()
     if run.suite.protocol.diagnostics:

@@ -210,7 +210,9 @@ def columns_for_suite(suite: SuiteSpec) -> list[Column]:
     cols = [Column(name=s.name, kind="stream", stage=i + 1, source=s.task.source)
             for i, s in enumerate(suite.stages)]
     for p in suite.probes:
-        source = p.task.source if p.task else f"lm_eval:{p.lm_eval.task}"  # type: ignore[union-attr]
+        # a probe is validated to have either a task or an lm-eval task
+        lm_eval_task = p.lm_eval.task if p.lm_eval else None
+        source = p.task.source if p.task else f"lm_eval:{lm_eval_task}"
         cols.append(Column(name=p.name, kind=p.kind, source=source))
     return cols
 

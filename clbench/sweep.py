@@ -309,8 +309,8 @@ def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
                 _supervise(children, launch, jobs, console, live)
             except KeyboardInterrupt as exc:
                 stop = exc
-                console.print(f"[yellow]{stop_of(exc)[0]}: stopping the running runs (each saves its "
-                              "completed stages)[/]")
+                console.print(f"[yellow]{stop_of(exc)[0]}: stopping the running runs (each "
+                              "saves its completed stages)[/]")
                 stop_children(children)
                 live.update(progress_table(children), refresh=True)
         if not console.is_terminal:

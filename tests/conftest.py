@@ -1,4 +1,5 @@
-"""Shared fixtures: fake plugins registered through fake entry points, and suite files in tmp dirs."""
+"""Shared fixtures: fake plugins registered through fake entry points, and suite files in tmp
+dirs."""
 
 from __future__ import annotations
 

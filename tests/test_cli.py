@@ -147,7 +147,10 @@ def test_run_plan(write_suite, fake_plugins) -> None:
 def test_run_calls_the_protocol(write_suite, fake_plugins, monkeypatch, tmp_path: Path) -> None:
     calls = []
     fake = types.ModuleType("clbench.protocol")
-    fake.execute = lambda run, resume, console: calls.append((run, resume))  # type: ignore[attr-defined]
+    def execute(run, resume, console):
+        calls.append((run, resume))
+
+    fake.execute = execute  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "clbench.protocol", fake)
     out = tmp_path / "out"
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method", "--out",

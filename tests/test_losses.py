@@ -241,7 +241,8 @@ def test_distillation_per_token_errors_name_what_is_missing():
     with pytest.raises(ValueError, match="student_logp and teacher_logp"):
         losses.distillation_per_token("sampled_token", student_logits=torch.zeros(1, 2, 3))
     with pytest.raises(ValueError, match="unknown divergence 'kl'"):
-        losses.distillation_per_token("kl", student_logits=torch.zeros(1, 3),  # type: ignore[arg-type]
+        losses.distillation_per_token("kl",  # type: ignore[arg-type]
+                                      student_logits=torch.zeros(1, 3),
                                       teacher_logits=torch.zeros(1, 3))
     with pytest.raises(ValueError, match="alpha"):
         losses.generalized_jsd(torch.zeros(3), torch.zeros(3), 1.5)

@@ -1,4 +1,5 @@
-"""Continual metrics against the worked example of the metrics notes and hand-computed edge cases."""
+"""Continual metrics against the worked example of the metrics notes and hand-computed edge
+cases."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def test_compute_metrics_records_variants_and_values() -> None:
     assert out["op"]["per_stage"] == pytest.approx([0.80, 0.875, 2.05 / 3])
     assert out["op"]["value"] == pytest.approx(out["acc"]["value"])
     default = compute_metrics(R, STREAM3, Variants())
-    assert default["bwt"]["variant"] == "t_minus_1" and default["bwt"]["value"] == pytest.approx(-0.25)
+    assert default["bwt"]["variant"] == "t_minus_1"
+    assert default["bwt"]["value"] == pytest.approx(-0.25)
     assert default["forgetting"]["value"] == pytest.approx(0.275)
     assert default["fwt"]["value"] == pytest.approx(0.0, abs=1e-12)
 

@@ -108,7 +108,8 @@ def test_unreachable_hub_id_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> 
 
     # What transformers raises without a network, without waiting for real timeouts.
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", offline)
-    with pytest.raises(ModelLoadError, match="cannot load model 'nobody/no-model' as a hub id.*couldn't connect"):
+    with pytest.raises(ModelLoadError,
+                       match="cannot load model 'nobody/no-model' as a hub id.*couldn't connect"):
         load_model("nobody/no-model", device="cpu")
 
 

@@ -100,7 +100,8 @@ def test_broken_import_fails_only_when_used() -> None:
                                             "named 'torchx')")
     assert listed["good"].load_error is None
     assert str(info.value) == ("method 'broken' from distribution broken-plugin failed to import "
-                               "(broken_plugin.method:Broken): ModuleNotFoundError: No module named 'torchx'")
+                               "(broken_plugin.method:Broken): ModuleNotFoundError: No module "
+                               "named 'torchx'")
 
 
 def test_entry_point_of_a_moved_module_suggests_reinstalling() -> None:

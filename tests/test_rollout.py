@@ -1,4 +1,5 @@
-"""Rollouts: batching and left padding, n samples, seeding, greedy, EOS, stop strings, max tokens."""
+"""Rollouts: batching and left padding, n samples, seeding, greedy, EOS, stop strings, max
+tokens."""
 
 from __future__ import annotations
 

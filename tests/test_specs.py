@@ -155,7 +155,8 @@ def test_duplicate_yaml_key_is_refused(write_suite) -> None:
 
 def test_top_level_must_be_a_mapping(write_suite) -> None:
     path = write_suite("- just\n- a list\n")
-    assert error_of(path) == f"{path}: expected a mapping of suite fields at the top level, got list"
+    assert error_of(path) == (f"{path}: expected a mapping of suite fields at the top level, "
+                              "got list")
 
 
 def test_newer_suite_schema_version_is_refused(write_suite) -> None:

@@ -73,7 +73,8 @@ def test_truth_table(completion: str, correct: bool, feedback: str | None) -> No
     'Thought: the user wants weather.\n```json\n{"name": "get_weather", "arguments": '
     '{"city": "Paris", "days": 3}}\n```',
     'Sure! Here is the call: {"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}',
-    '{"function": {"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\", \\"days\\": 3}"}}',
+    '{"function": {"name": "get_weather", '
+    '"arguments": "{\\"city\\": \\"Paris\\", \\"days\\": 3}"}}',
     'Thought: I need the weather.\nAction: get_weather\nAction Input: {"city": "Paris", "days": 3}',
     '[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}]',
 ])

@@ -170,7 +170,8 @@ def with_tail_bucket(logp: torch.Tensor) -> torch.Tensor:
     return torch.cat([logp, torch.log(-torch.expm1(log_captured))], dim=-1)
 
 
-def sampled_token_divergence(student_logp: torch.Tensor, teacher_logp: torch.Tensor) -> torch.Tensor:
+def sampled_token_divergence(student_logp: torch.Tensor,
+                             teacher_logp: torch.Tensor) -> torch.Tensor:
     """Per-token loss sg(log pS(y) - log pT(y)) * log pS(y) on the sampled tokens y.
 
     Its gradient, sg(log pS - log pT) grad log pS, is a single-sample estimate of the gradient of

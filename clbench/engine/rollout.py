@@ -62,7 +62,8 @@ class SamplingParams:
     @classmethod
     def from_budget(cls, budget: Budget, seed: int = 0, stop: Sequence[str] = ()
                     ) -> SamplingParams:
-        """Training rollouts of a stage: `samples_per_prompt` samples at the budget's temperature."""
+        """Training rollouts of a stage: `samples_per_prompt` samples at the budget's
+        temperature."""
         return cls(n=budget.samples_per_prompt, temperature=budget.temperature,
                    top_p=budget.top_p, max_new_tokens=budget.max_new_tokens, stop=tuple(stop),
                    seed=seed)

@@ -361,7 +361,8 @@ def math_equivalent(pred: str, gold: str) -> bool:
     try:
         with time_limit(VERIFY_BUDGET_S):
             gold_parsed = list(_parse_gold(g))
-            pred_parsed = parse("\\boxed{" + p + "}", parsing_timeout=None)  # type: ignore[arg-type]
+            pred_parsed = parse("\\boxed{" + p + "}",
+                                parsing_timeout=None)  # type: ignore[arg-type]
             if not gold_parsed or not pred_parsed:
                 return False
             return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))

@@ -20,7 +20,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from clbench.errors import UserError
-from clbench.tasks.base import Example, Messages, Split, TaskParams, TaskSource, seeded_rng, split_of
+from clbench.tasks.base import (
+    Example,
+    Messages,
+    Split,
+    TaskParams,
+    TaskSource,
+    seeded_rng,
+    split_of,
+)
 
 #: How a dataset's splits become clbench's: `native` uses the dataset's own train/eval splits,
 #: `hash` assigns each record of one split by a hash of its key, `eval_only` makes every record

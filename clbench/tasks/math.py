@@ -78,7 +78,7 @@ class ProceduralParams(TaskParams):
 
 
 class ProceduralMath(TaskSource):
-    """Shared machinery: seeded generation, split by item hash, one worked example, boxed grading."""
+    """Shared machinery: seeded generation, split by item hash, a worked example, boxed grading."""
 
     domain = "math"
     params: Any
@@ -206,7 +206,8 @@ class WordProblems(ProceduralMath):
                 total -= n
             else:
                 n = rng.choice([2, 3])
-                sentences.append(f"Then the number of {thing} {'doubles' if n == 2 else 'triples'}.")
+                verb = "doubles" if n == 2 else "triples"
+                sentences.append(f"Then the number of {thing} {verb}.")
                 steps.append(f"{total} × {n} = {total * n}.")
                 total *= n
             key.append(f"{kind}{n}")

@@ -68,7 +68,8 @@ class MATH500(HubMath):
 
 
 _DAPO_PREFIX = re.compile(r"^Solve the following math problem step by step\..*?\n\n", re.S)
-_DAPO_SUFFIX = re.compile(r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
+_DAPO_SUFFIX = re.compile(
+    r"\n\nRemember to put your answer on its own line after \"Answer:\"\.?\s*$")
 
 
 class DAPOMath(HubMath):
