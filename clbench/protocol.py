@@ -32,7 +32,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from rich.console import Console
@@ -51,7 +51,7 @@ from clbench.results import (
     new_result,
     write_results,
 )
-from clbench.rows import base_row, evaluate_row, plan_columns, to_cells
+from clbench.rows import ColumnPlan, base_row, evaluate_row, plan_columns, to_cells
 from clbench.rundir import (
     IDENTITY_FILE,
     RunDirError,
@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 
     from clbench.engine.api import Method
     from clbench.engine.distributed import Distributed
+    from clbench.tasks.base import Example, TaskSource
 
 log = logging.getLogger("clbench.protocol")
 
@@ -183,12 +184,17 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
         dist.wait()
         if already_complete(previous):
             return previous  # type: ignore[return-value]
+        # Every mistake that can be found before anything is computed is found before the
+        # folder is claimed: a corrected command may then use the same --out.
         check_lm_eval_probes(run)  # every process: it only reads task folders
+        items = _draw_items(run)
+        model = _load_model(run, dist)
         if dist.is_main:
             atomic_write_json(run_dir / IDENTITY_FILE, identity)
             handler = _attach_log(run_dir)
         dist.wait()
-        return _execute(run, run_dir, method, method_config, previous, console, dist)
+        return _execute(run, run_dir, method, method_config, previous, console, dist, model,
+                        items)
     finally:
         if handler is not None:
             logging.getLogger("clbench").removeHandler(handler)
@@ -209,6 +215,35 @@ def check_lm_eval_probes(run: RunSpec) -> None:
             check_probe(probe, base)
 
 
+class _Items(NamedTuple):
+    plans: list[ColumnPlan]  # every column's eval items (or lm-eval probe)
+    stage_tasks: list[TaskSource]
+    train_sets: list[list[Example]]  # each stage's training items
+
+
+def _draw_items(run: RunSpec) -> _Items:
+    """Every item the run will use, drawn before the model loads: a size a task cannot give
+    (or a source without a train split used as a stage) is refused now, not after row 0.
+    Items depend only on (params, split, seed, size), so drawing them early changes nothing."""
+    plans, stage_tasks = plan_columns(run)
+    train_sets = []
+    for i, (task, spec) in enumerate(zip(stage_tasks, run.suite.stages)):
+        try:
+            train_sets.append(task.examples("train", spec.task.seed, spec.task.train_size))
+        except UserError as exc:
+            raise UserError(f"stage {spec.name!r} (stages[{i}].task.train_size="
+                            f"{spec.task.train_size}): {exc}") from None
+    return _Items(plans, stage_tasks, train_sets)
+
+
+def _load_model(run: RunSpec, dist: Distributed) -> tuple[Any, Any]:
+    """(model, tokenizer) on the run's device, initialised from the run seed (tiny models)."""
+    from clbench.models import load_model
+
+    seed_everything(derive_seed(run.seed, "init"))
+    return load_model(run.model, device=dist.device, dtype=dist.precision.weights, seed=run.seed)
+
+
 def make_distributed(run: RunSpec) -> Distributed:
     """The run's accelerator; refuses budgets that cannot be split over its processes."""
     from clbench.engine.distributed import Distributed
@@ -221,17 +256,15 @@ def make_distributed(run: RunSpec) -> Distributed:
 
 
 def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[str, Any],
-             previous: RunResult | None, console: Console, dist: Distributed) -> RunResult:
+             previous: RunResult | None, console: Console, dist: Distributed,
+             loaded: tuple[Any, Any], items: _Items) -> RunResult:
     from clbench.engine.api import StageContext
-    from clbench.models import load_model
 
     clock = _Clock()
     device, main = dist.device, dist.is_main
-    seed_everything(derive_seed(run.seed, "init"))
-    model, tokenizer = load_model(run.model, device=device, dtype=dist.precision.weights,
-                                  seed=run.seed)
+    model, tokenizer = loaded
     train_model = dist.prepare_student(model)  # once per run: DDP keeps its buffers
-    plans, stage_tasks = plan_columns(run)
+    plans = items.plans
     result = previous or new_result(run, method_config)
     result.status, result.error = "partial", None  # a failed run that is resumed is partial again
     done = max(0, len(result.matrix) - 1)
@@ -265,10 +298,9 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                     progress.advance(bar)
                     log.info("stage %d step %s", s, json.dumps(record, default=str))
 
-                task = stage_tasks[stage - 1]
                 ctx = StageContext(
-                    model=model, tokenizer=tokenizer, task=task,
-                    train_examples=task.examples("train", spec.task.seed, spec.task.train_size),
+                    model=model, tokenizer=tokenizer, task=items.stage_tasks[stage - 1],
+                    train_examples=items.train_sets[stage - 1],
                     budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
                     device=device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
                     dist=dist, train_model=train_model)

@@ -110,7 +110,8 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
         detail = "; ".join(f"{path}: {_short(there)} there, {_short(now)} now"
                            for path, there, now in diffs[:4])
         more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
-        raise RunDirError(f"{run_dir} holds another run ({detail}{more}); choose another --out")
+        raise RunDirError(f"{run_dir} holds another run ({detail}{more}); "
+                          f"{_start_over_hint(run_dir)}choose another --out")
     if not resume:
         if _running_elsewhere(run_dir):
             # "pass --resume" would only lead to the lock's refusal
@@ -132,6 +133,20 @@ def lock_run_dir(run_dir: Path) -> IO[str]:
         raise RunDirError(f"another clbench process is running the run in {run_dir} right now; "
                           "let it finish (or stop it) before resuming, or choose another --out")
     return handle
+
+
+def _start_over_hint(run_dir: Path) -> str:
+    """What a refused folder holds, when it holds little: a run that failed or stopped before
+    completing a stage can be deleted rather than kept (its row 0 is cached, see baserow)."""
+    try:
+        result = read_results(run_dir / RESULTS_FILENAME)
+    except (OSError, ValueError, UserError):
+        result = None
+    if result is not None and (result.status == "complete" or len(result.matrix) > 1):
+        return ""
+    status = result.status if result is not None else "partial"
+    return (f"it is {'a failed' if status == 'failed' else 'an unfinished'} run that completed no "
+            f"stage: delete it (rm -r {run_dir}) to start over there, or ")
 
 
 def _running_elsewhere(run_dir: Path) -> bool:

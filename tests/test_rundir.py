@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from clbench import registry
-from clbench.results import RESULTS_FILENAME, new_result, write_results
+from clbench.results import RESULTS_FILENAME, Cell, new_result, read_results, write_results
 from clbench.rundir import IDENTITY_FILE, RunDirError, check_run_dir, run_identity
 from clbench.suites import build_run_spec
 
@@ -204,3 +204,54 @@ def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
     assert res.exit_code == 2, res.output
     assert "cannot lock" in " ".join(res.output.split()) and "Permission denied" in res.output
     assert len(broadcasts) == 1 and "Permission denied" in broadcasts[0]
+
+
+def test_a_mistake_found_before_anything_is_computed_leaves_the_folder_free(tmp_path: Path) -> None:
+    """A training size the task cannot give, or a model that does not load, is refused before
+    the folder is claimed (and before row 0 is evaluated): the corrected command may use the
+    same --out."""
+    from test_protocol import run_cli
+
+    out = tmp_path / "run"
+    base = ["run", "--suite", "smoke", "--method", "sft", "--device", "cpu", "--out", str(out),
+            "--set", "stages[0].budget.steps=1", "--set", "stages[1].budget.steps=1"]
+    res = run_cli([*base, "--set", "stages[0].task.train_size=100000"])
+    assert res.exit_code == 2, res.output
+    said = " ".join(res.output.split())
+    assert "stage 'math' (stages[0].task.train_size=100000): only" in said
+    assert "distinct train math.arithmetic problems found, 100000 requested" in said
+    assert not (out / IDENTITY_FILE).exists() and not (out / RESULTS_FILENAME).exists()
+    res = run_cli([*base, "--model", "tiny-lama"])
+    assert res.exit_code == 2, res.output
+    assert "unknown tiny model 'tiny-lama'" in res.output
+    assert not (out / IDENTITY_FILE).exists()
+    res = run_cli(base)
+    assert res.exit_code == 0, res.output
+    assert read_results(out / RESULTS_FILENAME).status == "complete"
+
+
+def test_a_folder_of_another_run_that_completed_no_stage_is_refused_with_the_way_out(
+        tmp_path: Path) -> None:
+    """A run that failed in stage 1 holds only row 0 (cached elsewhere): the refusal says it can
+    be deleted; a folder with a completed stage is refused without that suggestion."""
+    run, config = _run(tmp_path)
+    other = build_run_spec("smoke", "sft", seed=1, out_dir=tmp_path / "run")
+    other_config = config
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(other, other_config)))
+    result = new_result(other, other_config)
+    row = [Cell(score=0.5, n=2)] * len(result.columns)
+    result.status, result.matrix, result.row_labels = "failed", [row], ["base"]
+    write_results(folder / RESULTS_FILENAME, result)
+    with pytest.raises(RunDirError) as err:
+        check_run_dir(folder, run_identity(run, config), resume=True)
+    assert str(err.value).endswith(f"it is a failed run that completed no stage: delete it "
+                                   f"(rm -r {folder}) to start over there, or choose another --out")
+    result.status, result.matrix = "partial", [row, row]
+    result.row_labels.append("after math")
+    write_results(folder / RESULTS_FILENAME, result)
+    with pytest.raises(RunDirError) as err:
+        check_run_dir(folder, run_identity(run, config), resume=True)
+    assert "rm -r" not in str(err.value)
+    assert str(err.value).endswith("seed: 1 there, 0 now); choose another --out")
