@@ -24,6 +24,7 @@ from rich.table import Table
 
 from clbench import __version__
 from clbench.errors import UserError, stop_of, terminate_as_interrupt
+from clbench.seeding import MAX_SEED
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -57,8 +58,8 @@ def stderr_console() -> Console:
 
 
 class ClbenchGroup(click.Group):
-    """A click group that turns user errors into one message and exit status 2, and Ctrl-C or
-    SIGTERM into a clean stop (exit 130 or 143)."""
+    """A click group that turns user errors into one message and exit status 2, Ctrl-C or
+    SIGTERM into a clean stop (exit 130 or 143), and a file error into one message (exit 1)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -75,6 +76,23 @@ class ClbenchGroup(click.Group):
             word, code = stop_of(exc)
             stderr_console().print(f"[yellow]{word}[/]")
             ctx.exit(code)
+        except OSError as exc:  # a path that cannot be read or written: a message, not a trace
+            if ctx.find_root().params.get("debug"):
+                raise
+            stderr_console().print(f"[bold red]error:[/] {escape(describe_os_error(exc))} "
+                                   "(--debug shows where)", soft_wrap=True)
+            ctx.exit(1)
+
+
+def describe_os_error(exc: OSError) -> str:
+    """`PATH: what went wrong`, in words a user acts on."""
+    what = exc.strerror or str(exc)
+    if exc.filename is None:
+        return what
+    path = Path(exc.filename)
+    if isinstance(exc, FileExistsError) and path.exists() and not path.is_dir():
+        what = "is a file, so no folder can be made there"  # mkdir of a parent that is a file
+    return f"{path}: {what}"
 
 
 @click.group(cls=ClbenchGroup, context_settings=CONTEXT_SETTINGS)
@@ -278,7 +296,8 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
               help="A named suite (see `clbench list suites`) or a suite file.")
 @click.option("--method", "method_name", required=True, metavar="NAME",
               help="A method plugin (see `clbench list methods`).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Run seed.")
+@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+              help="Run seed.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run directory  [default: runs/<suite>/<method>/s<seed>]")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
@@ -365,6 +384,8 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
             from None
     if not method_list or not seed_list:
         raise UserError("--methods and --seeds must each name at least one value")
+    if any(not 0 <= s <= MAX_SEED for s in seed_list):
+        raise UserError(f"--seeds {seeds!r}: seeds must be between 0 and {MAX_SEED}")
     if out_root is None:
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
     sweep.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),

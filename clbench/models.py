@@ -75,6 +75,8 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         raise ModelLoadError(f"device {device!r} is not a valid torch device: {exc}") from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} asked for, but no CUDA device is available")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ModelLoadError(f"device {device!r} asked for, but no Apple MPS device is available")
     return resolved
 
 

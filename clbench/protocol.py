@@ -57,6 +57,7 @@ from clbench.rundir import (
     RunDirError,
     check_run_dir,
     lock_run_dir,
+    release_unused_run_dir,
     load_checkpoint,
     prune_checkpoints,
     run_identity,
@@ -167,6 +168,7 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
     if already_complete(previous):
         return previous  # type: ignore[return-value]
     lock = handler = None
+    created = not run_dir.exists()
     try:
         refusal = None
         if dist.is_main:
@@ -200,6 +202,8 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
             logging.getLogger("clbench").removeHandler(handler)
             handler.close()
         if lock is not None:
+            if handler is None:  # stopped before it held anything: leave no trace
+                release_unused_run_dir(run_dir, created)
             lock.close()
 
 

@@ -160,6 +160,15 @@ def _running_elsewhere(run_dir: Path) -> bool:
     return False
 
 
+def release_unused_run_dir(run_dir: Path, created: bool) -> None:
+    """Undo :func:`lock_run_dir` for a run that stopped before writing anything (a mistake
+    found before the model loaded): the lock file goes, and the folder if it was made for it."""
+    with contextlib.suppress(OSError):  # already gone, or (folder) not empty: leave it
+        (run_dir / LOCK_FILE).unlink()
+        if created:
+            run_dir.rmdir()
+
+
 def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any, Any]]:
     """(path, value there, value now) of every leaf where `wanted` differs from `found`, so a
     message names `model.mixed_precision` or `suite_spec.stages[0].budget.steps`, not the whole

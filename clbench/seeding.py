@@ -11,7 +11,7 @@ import hashlib
 import random
 from typing import Any
 
-import numpy as np
+MAX_SEED = 2**32 - 1  # the widest seed range every generator takes (NumPy's is 32-bit)
 
 
 def derive_seed(*parts: Any) -> int:
@@ -21,6 +21,7 @@ def derive_seed(*parts: Any) -> int:
 
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (all devices)."""
+    import numpy as np
     import torch
 
     random.seed(seed)
@@ -30,6 +31,7 @@ def seed_everything(seed: int) -> None:
 
 def rng_states() -> dict[str, Any]:
     """The current state of every generator (Python, NumPy, torch CPU and CUDA)."""
+    import numpy as np
     import torch
 
     states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from clbench.seeding import MAX_SEED
+
 SUITE_SCHEMA_VERSION = 1
 _NAME = r"^[a-z0-9][a-z0-9_.\-]*$"
 
@@ -239,7 +241,8 @@ class RunSpec(Spec):
     method: MethodSpec
     model: ModelSpec = Field(description="The model trained (the suite's default unless "
                              "overridden).")
-    seed: int = Field(default=0, description="Run seed: rollout sampling, data order, init.")
+    seed: int = Field(default=0, ge=0, le=MAX_SEED,
+                      description="Run seed: rollout sampling, data order, init.")
     out_dir: str = Field(description="Run directory: results, checkpoints, logs.")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
                         description="`auto`, `cpu`, `mps`, `cuda`, `cuda:N`.")

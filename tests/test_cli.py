@@ -111,6 +111,22 @@ def test_schema_to_stdout_and_file(tmp_path: Path) -> None:
     assert json.loads(out.read_text()) == schema
 
 
+def test_a_path_that_cannot_be_written_is_one_message(tmp_path: Path) -> None:
+    """A file where a folder is needed (or any OSError on a user's path): one line naming the
+    path, exit 1, no traceback; --debug still shows it."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    result = invoke("schema", "--output", str(a_file / "x.json"))
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr == (f"error: {a_file}: is a file, so no folder can be made there "
+                             "(--debug shows where)\n")
+    result = invoke("export-lm-eval", str(a_file / "sub"), "--suite", "smoke")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"error: {a_file / 'sub'}: Not a directory")
+    result = invoke("--debug", "schema", "--output", str(a_file / "x.json"))
+    assert isinstance(result.exception, FileExistsError)
+
+
 def test_tasks_show(fake_plugins) -> None:
     result = invoke("tasks", "show", "fake.addition", "--n", "2", "--seed", "0", "--split",
                     "eval", "--set", "level=2")
@@ -176,6 +192,27 @@ def test_run_user_errors_exit_2_without_traceback(write_suite, fake_plugins, arg
     if "--suite" not in args:
         args = ["--suite", str(write_suite()), *args]
     assert_user_error(invoke("run", *args, "--plan"), *fragments)
+
+
+def test_run_refuses_a_seed_no_generator_takes(write_suite, fake_plugins) -> None:
+    result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method",
+                    "--seed", str(2**64), "--plan")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "Invalid value for '--seed': 18446744073709551616 is not in the range " \
+           "0<=x<=4294967295" in result.stderr
+
+
+@pytest.mark.parametrize(("seeds", "fragment"), [
+    ("0,x", "--seeds '0,x': expected comma-separated integers"),
+    ("1,-2", "--seeds '1,-2': seeds must be between 0 and 4294967295"),
+    (",", "--methods and --seeds must each name at least one value"),
+])
+def test_sweep_refuses_bad_seeds_before_any_run(write_suite, fake_plugins, tmp_path: Path,
+                                                seeds: str, fragment: str) -> None:
+    result = invoke("sweep", "--suite", str(write_suite()), "--methods", "fake-method",
+                    "--seeds", seeds, "--out", str(tmp_path / "grid"))
+    assert_user_error(result, fragment)
+    assert not (tmp_path / "grid").exists()
 
 
 def test_debug_shows_the_exception(fake_plugins) -> None:

@@ -198,3 +198,13 @@ def test_failed_materialisation_leaves_nothing_half_written(
     with pytest.raises(RuntimeError, match="disk full"):
         models.embedded_model_dir(tmp_path / "cache")
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [".smollm2-135m.lock"]
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has an MPS device")
+def test_a_device_this_machine_lacks_is_a_clear_refusal() -> None:
+    from clbench.models import resolve_device
+
+    with pytest.raises(ModelLoadError, match="'mps' asked for, but no Apple MPS device"):
+        resolve_device("mps")
+    with pytest.raises(ModelLoadError, match="'npu' is not a valid torch device"):
+        resolve_device("npu")

@@ -220,11 +220,15 @@ def test_a_mistake_found_before_anything_is_computed_leaves_the_folder_free(tmp_
     said = " ".join(res.output.split())
     assert "stage 'math' (stages[0].task.train_size=100000): only" in said
     assert "distinct train math.arithmetic problems found, 100000 requested" in said
-    assert not (out / IDENTITY_FILE).exists() and not (out / RESULTS_FILENAME).exists()
+    assert not out.exists()  # the folder it made for the run is gone again
     res = run_cli([*base, "--model", "tiny-lama"])
     assert res.exit_code == 2, res.output
     assert "unknown tiny model 'tiny-lama'" in res.output
-    assert not (out / IDENTITY_FILE).exists()
+    assert not out.exists()
+    out.mkdir()
+    res = run_cli([*base, "--model", "tiny-lama"])
+    assert res.exit_code == 2, res.output
+    assert out.is_dir() and list(out.iterdir()) == []  # a folder it did not make is left
     res = run_cli(base)
     assert res.exit_code == 0, res.output
     assert read_results(out / RESULTS_FILENAME).status == "complete"
