@@ -8,7 +8,7 @@ Pure presentation: nothing here trains or evaluates.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +21,14 @@ from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 
 
-SUMMARY_METRICS = ("acc", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta",
+SUMMARY_METRICS = ("acc", "op", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta",
                    "aia", "intransigence")
+
+
+def metric_order(names: Iterable[str]) -> list[str]:
+    """The headline metrics first, in their usual order, then any other metric a run has."""
+    names = set(names)
+    return [m for m in SUMMARY_METRICS if m in names] + sorted(names - set(SUMMARY_METRICS))
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -54,24 +60,40 @@ def print_summary(console: Console, result: RunResult) -> None:
     table = Table(title="metrics (single run: n = 1)")
     for col in ("metric", "value", "variant"):
         table.add_column(col)
-    for name in SUMMARY_METRICS:
-        if name in result.metrics:
-            m = result.metrics[name]
-            arrow = "↑" if m.higher_is_better else "↓"
-            table.add_row(f"{name} {arrow}", _fmt(m.value), m.variant or "")
+    for name in metric_order(result.metrics):
+        m = result.metrics[name]
+        arrow = "↑" if m.higher_is_better else "↓"
+        table.add_row(f"{name} {arrow}", _fmt(m.value), m.variant or "")
     console.print(table)
 
 
-def collect_results(run_dirs: Sequence[str | Path]) -> list[tuple[Path, RunResult]]:
-    """Results of every run dir (a dir holding results.json, or a folder of such dirs)."""
+def collect_results(run_dirs: Sequence[str | Path],
+                    skipped: list[str] | None = None) -> list[tuple[Path, RunResult]]:
+    """Results of every run dir (a dir holding results.json, its results.json itself, or a
+    folder searched for them). A results file that cannot be read is an error when named, and
+    is left out (said in `skipped`, when given) when found by a search of a folder."""
     found: list[tuple[Path, RunResult]] = []
-    for d in run_dirs:
-        d = Path(d)
-        files = [d / RESULTS_FILENAME] if (d / RESULTS_FILENAME).is_file() else \
-            sorted(d.rglob(RESULTS_FILENAME))
+    for d in map(Path, run_dirs):
+        if not d.exists():
+            raise UserError(f"{d}: no such run directory")
+        if d.is_file() and d.name == RESULTS_FILENAME:
+            d = d.parent
+        if (d / RESULTS_FILENAME).is_file():
+            found.append((d, read_results(d / RESULTS_FILENAME)))
+            continue
+        files = sorted(d.rglob(RESULTS_FILENAME)) if d.is_dir() else []
         if not files:
-            raise UserError(f"{d}: no {RESULTS_FILENAME} found (is this a run directory?)")
-        found += [(f.parent, read_results(f)) for f in files]
+            raise UserError(f"{d}: no {RESULTS_FILENAME} in it or below (is this a run "
+                            "directory?)")
+        for f in files:
+            try:
+                found.append((f.parent, read_results(f)))
+            except UserError as exc:
+                if skipped is None:
+                    raise
+                skipped.append(str(exc))
+    if not found and skipped:
+        raise UserError(f"no readable {RESULTS_FILENAME} found: {skipped[0]}")
     return found
 
 
@@ -108,7 +130,7 @@ def print_comparison(console: Console, table_data: dict[str, Any]) -> None:
     from clbench.metrics.aggregate import SeedSummary
 
     for suite, methods in table_data.items():
-        names = [m for m in SUMMARY_METRICS if any(m in v for v in methods.values())]
+        names = metric_order({n for metrics in methods.values() for n in metrics})
         table = Table(title=f"{suite.split(':')[0]}: mean ± std over seeds (n = seeds)")
         table.add_column("method", style="bold")
         for n in names:
@@ -123,16 +145,21 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
            console: Console | None = None) -> dict[str, Any]:
     """Print each run's matrix and metrics and the comparison over seeds (or JSON)."""
     console = console or Console()
-    found = collect_results(run_dirs)
+    skipped: list[str] = []
+    found = collect_results(run_dirs, skipped)
     data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
                       "seed": r.seed, "status": r.status, "row_labels": r.row_labels,
                       "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
                       "metrics": {k: v.value for k, v in r.metrics.items()}}
                      for d, r in found],
             "comparison": comparison([r for _, r in found])}
+    if skipped:
+        data["skipped"] = skipped
     if as_json:
         console.print_json(json.dumps(data))
         return data
+    for reason in skipped:
+        console.print(f"[yellow]left out: {escape(reason)}[/]", soft_wrap=True)
     for _, r in found:
         print_summary(console, r)
     incomplete = [str(d) for d, r in found if r.status != "complete"]

@@ -280,8 +280,35 @@ def test_report_command_on_a_finished_run(tmp_path: Path) -> None:
     assert "after high" in text and "(n=1)" in text
     assert data["runs"][0]["matrix"] == read_results(out / "results.json").score_matrix()
     from clbench.errors import UserError
-    with pytest.raises(UserError, match="no results.json"):
+    with pytest.raises(UserError, match="nowhere: no such run directory"):
         report([tmp_path / "nowhere"])
+    assert report([out / "results.json"], console=console)["runs"] == data["runs"]
+
+
+def test_report_shows_every_metric_and_leaves_out_unreadable_results(tmp_path: Path) -> None:
+    """`op` (and any metric the protocol asks for) is shown; a damaged results.json found by
+    searching a folder is left out with a note, and is an error when named itself."""
+    from rich.console import Console
+
+    from clbench.errors import UserError
+    from clbench.reporting import report
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1").replace(
+        "  eval_size: 6\n", "  eval_size: 6\n  metrics: [acc, op, bwt]\n"))
+    root = tmp_path / "grid"
+    assert run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft",
+                    "--out", str(root / "ok"), "--device", "cpu"]).exit_code == 0
+    (root / "broken").mkdir()
+    (root / "broken" / "results.json").write_text("{not json")
+    console = Console(record=True, width=200)
+    data = report([root], console=console)
+    text = console.export_text()
+    assert "op ↑" in text and "acc ↑" in text and "bwt ↑" in text
+    assert [r["dir"] for r in data["runs"]] == [str(root / "ok")]
+    assert "left out: " in text and "broken/results.json: not a readable JSON results file" in text
+    assert data["skipped"] and "broken" in data["skipped"][0]
+    with pytest.raises(UserError, match="not a readable JSON results file"):
+        report([root / "broken"])
 
 
 def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
@@ -300,7 +327,10 @@ def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
                    "--seeds", "0,x"])
     assert bad.exit_code == 2 and "comma-separated integers" in bad.output
     missing = run_cli(["report", str(tmp_path / "nothing")])
-    assert missing.exit_code == 2 and "no results.json" in missing.output
+    assert missing.exit_code == 2 and "nothing: no such run directory" in missing.output
+    (tmp_path / "empty").mkdir()
+    empty = run_cli(["report", str(tmp_path / "empty")])
+    assert empty.exit_code == 2 and "no results.json in it or below" in empty.output
 
 
 METHOD_LOGS = {"sft": "loss", "grpo": "groups_with_signal", "sdpo": "teacher_kl",
