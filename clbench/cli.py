@@ -39,6 +39,13 @@ no_base_cache_option = click.option(
          "earlier run.")
 
 
+def _not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An empty --out or --model would silently mean the current folder."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("must not be empty")
+    return value
+
+
 def check_device(device: str) -> None:
     if not _DEVICE.match(device):
         raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
@@ -299,12 +306,13 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
 @click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
               help="Run seed.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              callback=_not_empty,
               help="Run directory  [default: runs/<suite>/<method>/s<seed>]")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override: method.X (method config), model.X (model) or any suite field, "
                    "e.g. --set stages[0].budget.steps=4 (repeatable).")
 @click.option("--resume", is_flag=True, help="Continue a run from its last completed stage.")
-@click.option("--model", "model_name", default=None, metavar="NAME",
+@click.option("--model", "model_name", default=None, metavar="NAME", callback=_not_empty,
               help="Model to train instead of the suite's default (hub id, path, tiny-*).")
 @device_option
 @no_base_cache_option
@@ -344,11 +352,12 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
 @click.option("--seeds", default="0", show_default=True, metavar="0,1,...",
               help="Comma-separated run seeds.")
 @click.option("--out", "out_root", type=click.Path(file_okay=False), default=None,
+              callback=_not_empty,
               help="Root folder; each run goes to <out>/<method>/s<seed>  "
                    "[default: runs/<suite>]")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override applied to every run (repeatable), as in `clbench run`.")
-@click.option("--model", "model_name", default=None, metavar="NAME",
+@click.option("--model", "model_name", default=None, metavar="NAME", callback=_not_empty,
               help="Model to train instead of the suite's default.")
 @device_option
 @no_base_cache_option

@@ -8,6 +8,7 @@ themselves are :mod:`clbench.specs`.
 
 from __future__ import annotations
 
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,10 @@ def read_yaml(path: str | Path) -> Any:
         raise SpecError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path}: cannot read: {exc}") from None
+    stream = io.StringIO(text)
+    stream.name = str(path)  # type: ignore[misc]  # how YAML errors name where they are
     try:
-        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(stream, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
 

@@ -167,7 +167,7 @@ class ProtocolSpec(Spec):
 class ModelSpec(Spec):
     """The model a run starts from."""
 
-    name: str = Field(default="smollm2-135m", description="`smollm2-135m` (the embedded "
+    name: str = Field(default="smollm2-135m", min_length=1, description="`smollm2-135m` (the embedded "
                       "default), a `tiny-*` test model, a hub id or a local path.")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         default="auto", description="`auto`: bf16 where the device supports it, else fp32.")
@@ -243,7 +243,7 @@ class RunSpec(Spec):
                              "overridden).")
     seed: int = Field(default=0, ge=0, le=MAX_SEED,
                       description="Run seed: rollout sampling, data order, init.")
-    out_dir: str = Field(description="Run directory: results, checkpoints, logs.")
+    out_dir: str = Field(min_length=1, description="Run directory: results, checkpoints, logs.")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
                         description="`auto`, `cpu`, `mps`, `cuda`, `cuda:N`.")
     reuse_base_row: bool = Field(default=True, description="Take row 0 (the base model's "

@@ -91,6 +91,11 @@ def resolve_suite(ref: str | os.PathLike[str]) -> Path:
             return path
         if path.name == text and path.stem in named:  # `starter.yaml` means the named suite
             return named[path.stem]
+        if path.is_dir():
+            raise SuiteNotFoundError(f"{path}: is a folder; name a suite file in it (e.g. "
+                                     f"{path / '*.yaml'})")
+        if path.exists():
+            raise SuiteNotFoundError(f"{path}: not a regular file, so not a suite file")
         raise SuiteNotFoundError(f"{path}: no such suite file")
     if text in named:
         return named[text]

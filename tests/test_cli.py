@@ -202,6 +202,18 @@ def test_run_refuses_a_seed_no_generator_takes(write_suite, fake_plugins) -> Non
            "0<=x<=4294967295" in result.stderr
 
 
+@pytest.mark.parametrize("args", [["run", "--method", "fake-method", "--out", ""],
+                                  ["run", "--method", "fake-method", "--model", " "],
+                                  ["sweep", "--methods", "fake-method", "--out", ""]])
+def test_an_empty_out_or_model_is_refused(write_suite, fake_plugins, tmp_path: Path,
+                                          monkeypatch, args: list[str]) -> None:
+    """Read as paths, they would mean the current folder: results written all over it."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*args, "--suite", str(write_suite()))
+    assert result.exit_code == 2 and "must not be empty" in result.stderr
+    assert not any(p.name in ("results.json", "run.json") for p in tmp_path.rglob("*"))
+
+
 @pytest.mark.parametrize(("seeds", "fragment"), [
     ("0,x", "--seeds '0,x': expected comma-separated integers"),
     ("1,-2", "--seeds '1,-2': seeds must be between 0 and 4294967295"),

@@ -141,6 +141,7 @@ def test_python_tag_is_refused_and_never_runs(write_suite, tmp_path) -> None:
     msg = error_of(path)
     assert msg.startswith(f"{path}: not valid YAML")
     assert "python/object/apply:os.system" in msg
+    assert f'in "{path}", line 1' in msg  # where, by the file's name, not "<unicode string>"
     assert not marker.exists()
 
 
@@ -239,6 +240,10 @@ def test_unknown_suite_name_suggests_close_names(write_suite, monkeypatch) -> No
     assert "unknown suite 'zebra-wlak'. Did you mean 'zebra-walk'?" in str(info.value)
     with pytest.raises(SuiteNotFoundError, match="no such suite file"):
         resolve_suite(str(path.parent / "absent.yaml"))
+    with pytest.raises(SuiteNotFoundError, match="is a folder; name a suite file in it"):
+        resolve_suite(str(path.parent))
+    with pytest.raises(SuiteNotFoundError, match="/dev/null: not a regular file"):
+        resolve_suite("/dev/null")
 
 
 def test_schema_describes_every_field() -> None:
