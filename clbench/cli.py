@@ -17,10 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich import box
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from clbench import __version__
 from clbench.errors import UserError, stop_of, terminate_as_interrupt
@@ -129,56 +127,29 @@ def parse_sets(values: tuple[str, ...]) -> list[str]:
 # clbench list
 # ---------------------------------------------------------------------------------------------
 
-def _listing_table(title: str) -> Table:
-    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
-                 collapse_padding=True)
-
-
 @cli.command("list")
 @click.argument("what", type=click.Choice(["methods", "tasks", "suites"]))
 def list_command(what: str) -> None:
     """List the installed methods, task sources or named suites.
 
+    `clbench methods show NAME` and `clbench tasks show NAME` document one of them.
+
     \b
     Example:
       clbench list methods
     """
+    from clbench import catalog
+
     console = stdout_console()
     if what == "suites":
         from clbench.suites import list_suites
 
-        table = _listing_table("suites")
-        table.add_column("name", no_wrap=True, style="bold")
-        table.add_column("description", overflow="fold", min_width=24, ratio=2)
-        table.add_column("path", overflow="fold", ratio=1)
-        for suite in list_suites():
-            table.add_row(suite.name, escape(suite.description), str(suite.path))
-        console.print(table)
+        console.print(catalog.suites_table(list_suites()))
         return
-
     from clbench import registry
 
     group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
-    details = ("domain", "origin", "license") if what == "tasks" else ()
-    # On a narrow terminal the description goes under the name instead of in its own column,
-    # so that the distribution column still fits.
-    stacked = bool(details) and console.width < 120
-    table = _listing_table(what)
-    table.add_column("name", no_wrap=not stacked, overflow="fold")
-    if not stacked:
-        table.add_column("description", overflow="fold", min_width=20, ratio=1)
-    for col in details:
-        table.add_column(col, no_wrap=True)
-    table.add_column("distribution", overflow="fold", min_width=7)
-    for info in registry.list_plugins(group):
-        description = escape(info.description)
-        if info.load_error:
-            description = f"[red]{description}[/]"
-        name = f"[bold]{escape(info.name)}[/]"
-        cells = [f"{name}\n{description}"] if stacked else [name, description]
-        table.add_row(*cells, *(info.details.get(c, "") for c in details),
-                      info.distribution or "?")
-    console.print(table)
+    console.print(catalog.plugins_table(what, registry.list_plugins(group), console.width))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,34 +235,61 @@ def tasks_group() -> None:
               show_default=True, help="Which split to draw from (every source has an eval "
               "split; evaluation-only sources, such as BFCL and AIME, have no train split).")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="A task parameter, e.g. --set level=2 (repeatable).")
+              help="A task parameter, e.g. --set digits=3 (repeatable).")
 def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str, ...]) -> None:
-    """Show items of a task source: the prompt, the reference and the reference's grade.
+    """Show a task source: its parameters (what `params` of a suite's task may set), then
+    items: the prompt, the reference and the reference's grade.
 
     \b
     Example:
       clbench tasks show math.arithmetic --n 3 --seed 0 --split eval
+      clbench tasks show math.arithmetic --set digits=3 --set operators=*
     """
-    from clbench.registry import build_task
+    from clbench import catalog
+    from clbench.registry import build_task, load_task_class
     from clbench.specs import TaskSpec
     from clbench.suites import apply_overrides
 
-    params = apply_overrides({}, parse_sets(sets))
+    params = apply_overrides({}, parse_sets(sets), example="digits=3")
     task = build_task(TaskSpec(source=name, params=params), where="params")
     console = stdout_console()
-    for example in task.examples(split, seed, n):  # type: ignore[arg-type]
-        console.rule(f"[bold]{escape(example.id)}[/]")
-        for message in example.messages:
-            console.print(f"[cyan]{escape(message['role'])}:[/] {escape(message['content'])}",
-                          soft_wrap=True)
-        console.print(f"[magenta]reference:[/] {escape(example.reference)}", soft_wrap=True)
-        console.print(f"[magenta]answer:[/] {escape(json.dumps(example.answer, default=str))}",
-                      soft_wrap=True)
-        grade = task.grade(example, example.reference)
-        colour = "green" if grade.correct else "red"
-        feedback = f" feedback: {escape(grade.feedback)}" if grade.feedback else ""
-        console.print(f"[{colour}]grade of the reference: reward {grade.reward:.3f}, "
-                      f"correct {grade.correct}[/]{feedback}", soft_wrap=True)
+    console.print(catalog.fields_table(f"{name} parameters", load_task_class(name).Params))
+    catalog.print_examples(console, task, task.examples(split, seed, n))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench methods show
+# ---------------------------------------------------------------------------------------------
+
+@cli.group("methods", cls=ClbenchGroup)
+def methods_group() -> None:
+    """Inspect methods (`clbench list methods` lists them).
+
+    \b
+    Example:
+      clbench methods show sdpo
+    """
+
+
+@methods_group.command("show")
+@click.argument("name")
+def methods_show_command(name: str) -> None:
+    """Show a method's config: every field, its type, default and meaning (what
+    `--set method.FIELD=VALUE` may set).
+
+    \b
+    Example:
+      clbench methods show sdpo
+    """
+    from clbench import catalog
+    from clbench.registry import load_method_class
+
+    cls = load_method_class(name)
+    console = stdout_console()
+    doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+    if doc:
+        console.print(escape(" ".join(doc.split())), soft_wrap=True)
+    console.print(catalog.fields_table(f"{name} config", cls.Config))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,8 +322,9 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
 
     \b
     Example:
+      clbench run --suite starter --method sdpo --seed 0
       clbench run --suite starter --method sdpo --seed 0 --set method.lr=2e-5 \\
-          --set stages[0].budget.steps=4
+          --set stages[0].budget.steps=4 --out runs/starter-lr2e-5/sdpo/s0
     """
     from clbench import registry
     from clbench.reporting import print_plan

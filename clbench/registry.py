@@ -273,7 +273,7 @@ def load_task_class(name: str) -> type[TaskSource]:
 # Parameters and construction
 # ---------------------------------------------------------------------------------------------
 
-def _validate_params(model: type[BaseModel], params: Any, where: str) -> Any:
+def _validate_params(model: type[BaseModel], params: Any, where: str, listed_by: str) -> Any:
     if params is None:
         params = {}
     if not isinstance(params, dict):
@@ -282,19 +282,23 @@ def _validate_params(model: type[BaseModel], params: Any, where: str) -> Any:
     try:
         return model.model_validate(params)
     except ValidationError as err:
-        raise SpecError(describe_validation_error(err, source="", prefix=where)) from None
+        hint = f"check the spelling; `{listed_by}` lists them"
+        raise SpecError(describe_validation_error(err, source="", prefix=where,
+                                                  unknown_field_hint=hint)) from None
 
 
 def validate_method_params(name: str, params: dict[str, Any] | None,
                            where: str = "method.params") -> MethodConfig:
     """Validate `params` against method `name`'s `Config`; errors carry `where.field`."""
-    return _validate_params(load_method_class(name).Config, params, where)
+    return _validate_params(load_method_class(name).Config, params, where,
+                            f"clbench methods show {name}")
 
 
 def validate_task_params(source: str, params: dict[str, Any] | None,
                          where: str = "task.params") -> TaskParams:
     """Validate `params` against task source `source`'s `Params`; errors carry `where.field`."""
-    return _validate_params(load_task_class(source).Params, params, where)
+    return _validate_params(load_task_class(source).Params, params, where,
+                            f"clbench tasks show {source}")
 
 
 def build_method(spec: MethodSpec, where: str = "method.params") -> Method:

@@ -142,12 +142,13 @@ def parse_path(path: str) -> list[str | int]:
     return parts
 
 
-def parse_override(text: str) -> tuple[list[str | int], Any]:
+def parse_override(text: str, example: str = "stages[0].budget.steps=4"
+                   ) -> tuple[list[str | int], Any]:
     """`key.path=value` -> (path parts, YAML-typed value). `=1e-5` becomes a float."""
     import yaml
 
     if "=" not in text:
-        raise SpecError(f"override {text!r}: expected KEY=VALUE, e.g. stages[0].budget.steps=4")
+        raise SpecError(f"override {text!r}: expected KEY=VALUE, e.g. {example}")
     key, raw = text.split("=", 1)
     try:
         value = yaml.load(raw, Loader=_SafeLoader) if raw.strip() else ""

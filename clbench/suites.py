@@ -131,11 +131,13 @@ def _override_source(path: Path, overrides: Sequence[str]) -> str:
     return f"{path} (with --set {' --set '.join(overrides)})"
 
 
-def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """A deep copy of `data` with every `KEY=VALUE` override applied in order."""
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str],
+                    example: str = "stages[0].budget.steps=4") -> dict[str, Any]:
+    """A deep copy of `data` with every `KEY=VALUE` override applied in order (`example` is
+    the one a malformed override is shown)."""
     out = copy.deepcopy(data)
     for text in overrides:
-        path, value = parse_override(text)
+        path, value = parse_override(text, example)
         apply_override(out, path, value)
     return out
 

@@ -135,6 +135,35 @@ def test_tasks_show(fake_plugins) -> None:
     assert "reference: 10 + 10010 = 10020." in result.output
     assert result.output.count("grade of the reference: reward 1.000, correct True") == 2
     assert "eval-1" in result.output and "eval-2" not in result.output
+    assert "fake.addition parameters" in result.output and "level" in result.output
+
+
+def test_methods_show_documents_every_config_field(monkeypatch) -> None:
+    """The config's field descriptions are the CLI's documentation of a method."""
+    from clbench_methods.sdpo import SDPO
+
+    monkeypatch.setenv("COLUMNS", "400")  # one line per field
+    result = CliRunner().invoke(cli, ["methods", "show", "sdpo"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("Self-distillation policy optimisation")
+    for name, info in SDPO.Config.model_fields.items():
+        assert name in result.output and info.description in result.output, name
+    row = next(line for line in result.output.splitlines() if "max_reprompt_tokens" in line)
+    assert "10240" in row
+    assert_user_error(invoke("methods", "show", "sdpp"), "unknown method 'sdpp'. Did you mean")
+
+
+def test_unknown_fields_point_to_the_command_that_lists_them(write_suite, fake_plugins) -> None:
+    path = str(write_suite())
+    assert_user_error(invoke("run", "--suite", path, "--method", "fake-method", "--plan",
+                             "--set", "method.lrr=1"),
+                      "method.lrr: unknown field (check the spelling; `clbench methods show "
+                      "fake-method` lists them)")
+    assert_user_error(invoke("tasks", "show", "fake.addition", "--set", "levl=1"),
+                      "params.levl: unknown field (check the spelling; `clbench tasks show "
+                      "fake.addition` lists them)")
+    assert_user_error(invoke("tasks", "show", "fake.addition", "--set", "level"),
+                      "override 'level': expected KEY=VALUE, e.g. digits=3")
 
 
 def test_tasks_show_errors(fake_plugins) -> None:

@@ -48,8 +48,8 @@ def test_param_errors_carry_the_full_path(fake_plugins) -> None:
                             where="stages[2].task.params")
     assert str(info.value).splitlines() == [
         "stages[2].task.params.level: Input should be greater than or equal to 1",
-        "stages[2].task.params.x: unknown field (check the spelling; `clbench schema` lists "
-        "the fields)"]
+        "stages[2].task.params.x: unknown field (check the spelling; `clbench tasks show "
+        "fake.addition` lists them)"]
 
 
 def test_unknown_name_lists_known_and_suggests() -> None:
