@@ -431,13 +431,15 @@ def report_command(run_dirs: tuple[str, ...], as_json: bool) -> None:
 def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) -> None:
     """Export a suite's clbench tasks as lm-eval tasks (YAML + JSONL + grader hook).
 
-    Score any checkpoint with lm-eval itself (clbench must be installed for the grader):
+    Score any Hugging Face model folder with lm-eval itself (clbench must be installed for the
+    grader), e.g. a run's trained model written by `clbench export-model`:
 
     \b
     Example:
       clbench export-lm-eval lmeval_tasks --suite starter
-      lm_eval --model hf --model_args pretrained=CKPT --include_path lmeval_tasks \\
-          --tasks clbench_starter
+      clbench export-model runs/starter/sdpo/s0 models/starter-sdpo-s0
+      lm_eval --model hf --model_args pretrained=models/starter-sdpo-s0 \\
+          --include_path lmeval_tasks --tasks clbench_starter
     """
     from clbench.lmeval_export import export_lm_eval
     from clbench.suites import load_suite, resolve_suite, validate_suite_plugins
@@ -451,6 +453,24 @@ def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) 
         console.print(f"wrote {p}")
     console.print(f"{len(written)} lm-eval tasks (tag clbench_{suite.name.replace('-', '_')}) "
                   f"in {out_dir}")
+
+
+@cli.command("export-model")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+def export_model_command(run_dir: str, out_dir: str) -> None:
+    """Write a run's trained model (after its last completed stage) as a Hugging Face model
+    folder: config, safetensors weights, tokenizer. `from_pretrained` and lm-eval load it.
+
+    \b
+    Example:
+      clbench export-model runs/starter/sdpo/s0 models/starter-sdpo-s0
+    """
+    from clbench.model_export import export_model
+
+    out, stage = export_model(run_dir, out_dir)
+    stdout_console().print(f"wrote the model after stage {stage} of {escape(run_dir)} to "
+                           f"{escape(str(out))}", soft_wrap=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 IDENTITY_FILE = "run.json"
 #: Locked (flock) by the process that runs the run, so a second one is refused.
 LOCK_FILE = ".running"
+#: The student's weights in a checkpoint (state dict only; see clbench.model_export).
+STUDENT_WEIGHTS = "student.safetensors"
 
 
 class RunDirError(UserError):
@@ -202,7 +204,7 @@ def save_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> Pa
 
     final = run_dir / "checkpoints" / f"stage{stage}"
     with atomic_dir(final) as tmp:
-        save_model(model, str(tmp / "student.safetensors"))
+        save_model(model, str(tmp / STUDENT_WEIGHTS))
         torch.save({"method": method.state_dict(), "rng": rng_states(), "stage": stage},
                    tmp / "state.pt")
     return final
@@ -217,7 +219,7 @@ def load_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> No
     if not (folder / "state.pt").is_file():
         raise RunDirError(f"{run_dir}: results say stage {stage} is done but its checkpoint "
                           f"{folder} is missing; the run cannot be resumed")
-    load_model(model, str(folder / "student.safetensors"), device=str(model.device))
+    load_model(model, str(folder / STUDENT_WEIGHTS), device=str(model.device))
     state = torch.load(folder / "state.pt", map_location=model.device, weights_only=False)
     method.load_state_dict(state["method"])
 

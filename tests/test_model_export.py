@@ -1,0 +1,53 @@
+"""`clbench export-model`: a run's student as a Hugging Face folder that loads on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_protocol import SUITE, run_cli, write_suite
+
+
+def test_the_exported_model_is_the_runs_last_student(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 2"))
+    run = tmp_path / "run"
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+                   "--out", str(run)])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "model"
+    res = run_cli(["export-model", str(run), str(out)])
+    assert res.exit_code == 0, res.output
+    assert "after stage 2" in res.output
+
+    exported = AutoModelForCausalLM.from_pretrained(out)
+    AutoTokenizer.from_pretrained(out)  # the tokenizer travels with it
+    saved = load_file(run / "checkpoints" / "stage2" / "student.safetensors")
+    state = exported.state_dict()
+    assert saved and all(torch.equal(state[k], v) for k, v in saved.items())
+    # trained: not the model the run started from (tiny models are seeded from the run seed)
+    from clbench.models import load_model
+
+    start, _ = load_model("tiny-llama", device="cpu", dtype="float32", seed=0)
+    assert any(not torch.equal(start.state_dict()[k], v) for k, v in saved.items())
+
+
+def test_export_refusals(tmp_path: Path) -> None:
+    from clbench.model_export import export_model
+    from clbench.rundir import RunDirError
+
+    with pytest.raises(RunDirError, match="not a run folder"):
+        export_model(tmp_path, tmp_path / "model")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text('{"model": {"name": "tiny-llama"}, "seed": 0}')
+    with pytest.raises(RunDirError, match="no checkpoint yet"):
+        export_model(run, tmp_path / "model")
+    (run / "run.json").write_text("{")
+    with pytest.raises(RunDirError, match="run.json is damaged"):
+        export_model(run, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
