@@ -56,7 +56,6 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
     from clbench import registry
 
     out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
     columns = [(s.name, s.task, f"stages[{i}].task.params") for i, s in enumerate(suite.stages)]
     columns += [(p.name, p.task, f"probes[{i}].task.params")
                 for i, p in enumerate(suite.probes) if p.task is not None]
@@ -73,14 +72,18 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
                             "name of a task shipped with clbench (probes see both); rename the "
                             "column or the suite")
         names[column] = name
+    # Every column's items first: a task that cannot be built (a hub source offline) leaves
+    # no half-written export behind.
+    items = {column: registry.build_task(spec, where=where).examples(
+                 "eval", spec.seed, spec.eval_size or suite.protocol.eval_size)
+             for column, spec, where in columns}
+    out.mkdir(parents=True, exist_ok=True)
     written = []
-    for column, spec, where in columns:
-        task = registry.build_task(spec, where=where)
-        size = spec.eval_size or suite.protocol.eval_size
+    for column, spec, _ in columns:
         name = names[column]
         data = out / f"{name}.jsonl"
         with open(data, "w", encoding="utf-8") as fh:
-            for ex in task.examples("eval", spec.seed, size):
+            for ex in items[column]:
                 fh.write(json.dumps({
                     "id": ex.id, "prompt": render_transcript(ex.messages),
                     "messages": ex.messages, "reference": ex.reference, "answer": ex.answer,

@@ -338,6 +338,23 @@ def test_export_refuses_two_columns_that_would_share_a_task_name(tmp_path: Path)
     assert list((tmp_path / "export").glob("*")) == []  # refused before anything is written
 
 
+def test_export_writes_nothing_when_a_column_cannot_be_built(tmp_path: Path) -> None:
+    from clbench.errors import UserError
+
+    data = yaml.safe_load(_smoke_yaml())
+    data["stages"][1]["task"]["eval_size"] = 10000  # more element symbols than there are
+    suite = SuiteSpec.model_validate(data)
+    with pytest.raises(UserError, match="10000 requested"):
+        export_lm_eval(suite, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+
+def _smoke_yaml() -> str:
+    from clbench.suites import resolve_suite
+
+    return resolve_suite("smoke").read_text()
+
+
 def test_export_refuses_the_name_of_a_shipped_task(tmp_path: Path) -> None:
     """Suite `general` with a column `mc` would be exported as the shipped probe's task
     `clbench_general_mc`, and a probe including the export would see two tasks of that name."""
