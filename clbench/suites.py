@@ -32,7 +32,7 @@ from clbench.spec_reading import (
     read_yaml,
     validate_model,
 )
-from clbench.specs import MethodSpec, ModelSpec, RunSpec, SuiteSpec
+from clbench.specs import MethodSpec, ModelSpec, RunSpec, SuiteSpec, TaskSpec
 
 SUITE_PATH_ENV = "CLBENCH_SUITE_PATH"
 SUITE_SUFFIXES = (".yaml", ".yml")
@@ -154,6 +154,27 @@ def load_suite(ref: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Su
     return validate_model(SuiteSpec, data, _override_source(path, overrides))
 
 
+def _size_problems(task: TaskSpec, trained: bool, eval_size: int) -> list[str]:
+    """Whether an offline source can give the items asked of it (`train_size` for a stage,
+    `eval_size` for every column): drawing them takes milliseconds, and finding out at the
+    stage would come after row 0. Hub sources are checked when the run loads their data."""
+    try:
+        source = registry.build_task(task, where="params")
+    except SpecError as exc:  # a combination of parameters the source refuses
+        return [str(exc)]
+    if source.origin != "offline":
+        return []
+    wanted = [("train_size", "train", task.train_size)] if trained else []
+    wanted.append(("eval_size", "eval", task.eval_size or eval_size))
+    problems = []
+    for field, split, size in wanted:
+        try:
+            source.examples(split, task.seed, size)  # type: ignore[arg-type]
+        except UserError as exc:
+            problems.append(f"{field}={size}: {exc}")
+    return problems
+
+
 def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | None = None) -> None:
     """Check that every task source exists and its parameters validate, in stages and probes.
 
@@ -162,15 +183,19 @@ def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | No
     """
     prefix = f"{source}: " if source else ""
     problems: list[str] = []
-    tasks = [(f"stages[{i}].task", s.task) for i, s in enumerate(suite.stages)]
-    tasks += [(f"probes[{i}].task", p.task) for i, p in enumerate(suite.probes) if p.task]
-    for where, task in tasks:
+    tasks = [(f"stages[{i}].task", s.task, True) for i, s in enumerate(suite.stages)]
+    tasks += [(f"probes[{i}].task", p.task, False) for i, p in enumerate(suite.probes) if p.task]
+    for where, task, trained in tasks:
         try:
             registry.validate_task_params(task.source, task.params, where=f"{where}.params")
         except registry.PluginError as exc:
             problems.append(f"{prefix}{where}.source: {exc}")
+            continue
         except SpecError as exc:
             problems += [f"{prefix}{line}" for line in str(exc).splitlines()]
+            continue
+        problems += [f"{prefix}{where}.{problem}" for problem in
+                     _size_problems(task, trained, suite.protocol.eval_size)]
     base = Path(source).parent if source else None
     for i, probe in enumerate(suite.probes):
         include = probe.lm_eval.include_path if probe.lm_eval else None

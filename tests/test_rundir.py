@@ -7,8 +7,10 @@ import copy
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 from clbench import registry
 from clbench.results import RESULTS_FILENAME, Cell, new_result, read_results, write_results
@@ -206,30 +208,49 @@ def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
     assert len(broadcasts) == 1 and "Permission denied" in broadcasts[0]
 
 
-def test_a_mistake_found_before_anything_is_computed_leaves_the_folder_free(tmp_path: Path) -> None:
-    """A training size the task cannot give, or a model that does not load, is refused before
-    the folder is claimed (and before row 0 is evaluated): the corrected command may use the
-    same --out."""
-    from test_protocol import run_cli
+def test_a_mistake_found_before_anything_is_computed_leaves_the_folder_free(
+        tmp_path: Path) -> None:
+    """A training set a hub source cannot give (known only once its data is loaded), or a model
+    that does not load, is refused before the folder is claimed and before row 0: the
+    corrected command may use the same --out."""
+    from test_protocol import PLUGINS, SUITE, EchoDigit, write_suite
 
+    from clbench.cli import cli
+    from clbench.tasks.base import TaskSizeError
+
+    class EvalOnlyHubDigit(EchoDigit):
+        origin = "hub"  # its items are checked when the run draws them, not by validation
+
+        def build(self, split: str, seed: int, size: int) -> list:
+            if split == "train":
+                raise TaskSizeError(f"has no train items, {size} were asked for")
+            return super().build(split, seed, size)
+
+    plugins = {**PLUGINS, "tasks": {**PLUGINS["tasks"], "test.hub-digit": EvalOnlyHubDigit}}
+
+    def run(*extra: str) -> Any:
+        with registry.extra_plugins(**plugins):
+            return CliRunner().invoke(cli, ["run", "--suite", str(suite), "--method",
+                                            "test.echo-sft", "--device", "cpu", "--out", str(out),
+                                            *extra])
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     out = tmp_path / "run"
-    base = ["run", "--suite", "smoke", "--method", "sft", "--device", "cpu", "--out", str(out),
-            "--set", "stages[0].budget.steps=1", "--set", "stages[1].budget.steps=1"]
-    res = run_cli([*base, "--set", "stages[0].task.train_size=100000"])
+    res = run("--set", "stages[1].task.source=test.hub-digit")
     assert res.exit_code == 2, res.output
     said = " ".join(res.output.split())
-    assert "stage 'math' (stages[0].task.train_size=100000): only" in said
-    assert "distinct train math.arithmetic problems found, 100000 requested" in said
+    assert "stage 'high' (stages[1].task.train_size=20): has no train items" in said
+    assert "base" not in said  # refused before row 0 was evaluated
     assert not out.exists()  # the folder it made for the run is gone again
-    res = run_cli([*base, "--model", "tiny-lama"])
+    res = run("--model", "tiny-lama")
     assert res.exit_code == 2, res.output
     assert "unknown tiny model 'tiny-lama'" in res.output
     assert not out.exists()
     out.mkdir()
-    res = run_cli([*base, "--model", "tiny-lama"])
+    res = run("--model", "tiny-lama")
     assert res.exit_code == 2, res.output
     assert out.is_dir() and list(out.iterdir()) == []  # a folder it did not make is left
-    res = run_cli(base)
+    res = run()
     assert res.exit_code == 0, res.output
     assert read_results(out / RESULTS_FILENAME).status == "complete"
 

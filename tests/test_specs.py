@@ -282,3 +282,24 @@ def test_every_lower_is_better_metric_lm_eval_registers_is_refused_as_a_probe_sc
 
     lower = {name for name, higher in HIGHER_IS_BETTER_REGISTRY.items() if higher is False}
     assert lower and lower <= LOWER_IS_BETTER_LM_EVAL_METRICS
+
+
+def test_validate_checks_that_offline_sources_can_give_the_items_asked(write_suite) -> None:
+    """A train or eval size beyond what a generated source can draw, or a training stage on an
+    evaluation-only source, is a validation error (not a failure after row 0)."""
+    from clbench.errors import UserError
+    from clbench.suites import load_suite, validate_suite_plugins
+
+    text = resolve_suite("smoke").read_text()
+    path = write_suite(text.replace("train_size: 32\n      eval_size: 8\n    budget: {steps: 2",
+                                    "train_size: 100000\n      eval_size: 8\n    budget: {steps: 2",
+                                    1).replace("max_value: 9}\n      eval_size: 8",
+                                               "max_value: 9}\n      eval_size: 5000"))
+    with pytest.raises(UserError) as err:
+        validate_suite_plugins(load_suite(path), path)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith(f"{path}: stages[0].task.train_size=100000: only 64 distinct "
+                               "train math.arithmetic problems found, 100000 requested")
+    assert lines[1].startswith(f"{path}: probes[0].task.eval_size=5000: only ")
+    validate_suite_plugins(load_suite(resolve_suite("smoke")))  # the shipped one is fine
