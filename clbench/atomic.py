@@ -118,14 +118,42 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
 def try_file_lock(path: str | os.PathLike[str]) -> IO[str] | None:
     """Take an exclusive advisory lock on `path` (created if missing) without waiting: the open
     file that holds it (close it to release; the process dying releases it too), or None when
-    another process holds it."""
-    handle = open(path, "a")  # "a": creating it must not truncate what a holder wrote
+    another process holds it.
+
+    A lock file may be removed by its holder (a run that stopped before writing anything), so a
+    lock taken on a file that is no longer at `path` is dropped and taken again on the new one:
+    otherwise two processes could each hold "the" lock on different files."""
+    while True:
+        handle = open(path, "a")  # "a": creating it must not truncate what a holder wrote
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return None
+        try:
+            if os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
+        handle.close()  # locked a file already unlinked from `path`: try the current one
+
+
+def lock_is_held(path: str | os.PathLike[str]) -> bool:
+    """Whether some process holds :func:`try_file_lock`'s lock on `path`. Probed with a shared
+    lock on a read-only handle, so it works in a folder this process may not write to (a
+    results folder made read-only); unreadable or absent means not held."""
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        return None
-    return handle
+        handle = open(path)
+    except OSError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        return False
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -301,7 +301,7 @@ def methods_show_command(name: str) -> None:
               help="A named suite (see `clbench list suites`) or a suite file.")
 @click.option("--method", "method_name", required=True, metavar="NAME",
               help="A method plugin (see `clbench list methods`).")
-@click.option("--seed", type=click.IntRange(0, MAX_SEED), default=0, show_default=True,
+@click.option("--seed", type=click.IntRange(-MAX_SEED, MAX_SEED), default=0, show_default=True,
               help="Run seed.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               callback=_not_empty,
@@ -392,8 +392,8 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
             from None
     if not method_list or not seed_list:
         raise UserError("--methods and --seeds must each name at least one value")
-    if any(not 0 <= s <= MAX_SEED for s in seed_list):
-        raise UserError(f"--seeds {seeds!r}: seeds must be between 0 and {MAX_SEED}")
+    if any(abs(s) > MAX_SEED for s in seed_list):
+        raise UserError(f"--seeds {seeds!r}: seeds must be between -{MAX_SEED} and {MAX_SEED}")
     if out_root is None:
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
     sweep.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),

@@ -56,6 +56,7 @@ from clbench.rundir import (
     IDENTITY_FILE,
     RunDirError,
     check_run_dir,
+    first_missing_folder,
     lock_run_dir,
     release_unused_run_dir,
     load_checkpoint,
@@ -64,6 +65,7 @@ from clbench.rundir import (
     save_checkpoint,
 )
 from clbench.seeding import derive_seed, seed_everything
+from clbench.tasks.base import TaskSizeError
 from clbench.specs import RunSpec
 
 if TYPE_CHECKING:
@@ -168,7 +170,7 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
     if already_complete(previous):
         return previous  # type: ignore[return-value]
     lock = handler = None
-    created = not run_dir.exists()
+    created = first_missing_folder(run_dir)  # what locking creates, removed if unused
     try:
         refusal = None
         if dist.is_main:
@@ -182,14 +184,14 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
         if refusal is not None:
             raise RunDirError(refusal)
         # Read (again) under the lock: a process that held it may have finished the run since.
-        previous = check_run_dir(run_dir, identity, resume)
+        previous = check_run_dir(run_dir, identity, resume, locked_by_us=True)
         dist.wait()
         if already_complete(previous):
             return previous  # type: ignore[return-value]
         # Every mistake that can be found before anything is computed is found before the
         # folder is claimed: a corrected command may then use the same --out.
         check_lm_eval_probes(run)  # every process: it only reads task folders
-        items = _draw_items(run)
+        items = _draw_items(run, first_stage=len(previous.matrix) if previous else 1)
         model = _load_model(run, dist)
         if dist.is_main:
             atomic_write_json(run_dir / IDENTITY_FILE, identity)
@@ -222,21 +224,27 @@ def check_lm_eval_probes(run: RunSpec) -> None:
 class _Items(NamedTuple):
     plans: list[ColumnPlan]  # every column's eval items (or lm-eval probe)
     stage_tasks: list[TaskSource]
-    train_sets: list[list[Example]]  # each stage's training items
+    train_sets: list[list[Example] | None]  # each stage's training items (None: stage done)
 
 
-def _draw_items(run: RunSpec) -> _Items:
-    """Every item the run will use, drawn before the model loads: a size a task cannot give
-    (or a source without a train split used as a stage) is refused now, not after row 0.
-    Items depend only on (params, split, seed, size), so drawing them early changes nothing."""
+def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
+    """Every item the run will still use, drawn before the model loads: a hub source that
+    cannot give its training set (unreachable, too small, evaluation-only) is refused now, not
+    after row 0. Items depend only on (params, split, seed, size), so drawing them early
+    changes nothing; stages before `first_stage` are done and need no training items."""
     plans, stage_tasks = plan_columns(run)
-    train_sets = []
+    train_sets: list[list[Example] | None] = []
     for i, (task, spec) in enumerate(zip(stage_tasks, run.suite.stages)):
+        if i + 1 < first_stage:
+            train_sets.append(None)
+            continue
         try:
             train_sets.append(task.examples("train", spec.task.seed, spec.task.train_size))
+        except TaskSizeError as exc:
+            raise TaskSizeError(f"stage {spec.name!r} (stages[{i}].task.train_size="
+                                f"{spec.task.train_size}): {exc}") from None
         except UserError as exc:
-            raise UserError(f"stage {spec.name!r} (stages[{i}].task.train_size="
-                            f"{spec.task.train_size}): {exc}") from None
+            raise UserError(f"stage {spec.name!r} (stages[{i}].task): {exc}") from None
     return _Items(plans, stage_tasks, train_sets)
 
 
@@ -304,7 +312,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
 
                 ctx = StageContext(
                     model=model, tokenizer=tokenizer, task=items.stage_tasks[stage - 1],
-                    train_examples=items.train_sets[stage - 1],
+                    train_examples=items.train_sets[stage - 1],  # type: ignore[arg-type]
                     budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
                     device=device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
                     dist=dist, train_model=train_model)

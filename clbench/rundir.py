@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from clbench.atomic import atomic_dir, try_file_lock
+from clbench.atomic import atomic_dir, lock_is_held, try_file_lock
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 from clbench.seeding import rng_states
@@ -83,11 +83,14 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None) -> di
     return out
 
 
-def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunResult | None:
+def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool,
+                  locked_by_us: bool = False) -> RunResult | None:
     """Refuse a directory of another run; return the existing result when resuming.
 
     Fresh start: the directory must be absent or empty. Resume: it must hold this very run
     (same suite, method config, model and seed, as the current schemas read them) or be empty.
+    `locked_by_us`: this run already holds the folder's lock (a held lock is then not taken
+    for another process running it).
     """
     id_file = run_dir / IDENTITY_FILE
     if not run_dir.exists() or not any(p.name != LOCK_FILE for p in run_dir.iterdir()):
@@ -112,10 +115,11 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool) -> RunR
         detail = "; ".join(f"{path}: {_short(there)} there, {_short(now)} now"
                            for path, there, now in diffs[:4])
         more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
+        hint = "" if locked_by_us else _start_over_hint(run_dir)
         raise RunDirError(f"{run_dir} holds another run ({detail}{more}); "
-                          f"{_start_over_hint(run_dir)}choose another --out")
+                          f"{hint}choose another --out")
     if not resume:
-        if _running_elsewhere(run_dir):
+        if not locked_by_us and lock_is_held(run_dir / LOCK_FILE):
             # "pass --resume" would only lead to the lock's refusal
             raise RunDirError(f"another clbench process is running this run in {run_dir} right "
                               "now; let it finish, or choose another --out")
@@ -138,37 +142,47 @@ def lock_run_dir(run_dir: Path) -> IO[str]:
 
 
 def _start_over_hint(run_dir: Path) -> str:
-    """What a refused folder holds, when it holds little: a run that failed or stopped before
-    completing a stage can be deleted rather than kept (its row 0 is cached, see baserow)."""
-    try:
-        result = read_results(run_dir / RESULTS_FILENAME)
-    except (OSError, ValueError, UserError):
-        result = None
-    if result is not None and (result.status == "complete" or len(result.matrix) > 1):
+    """The way out when a refused folder provably holds nothing worth keeping: a run that
+    failed or stopped before completing a stage (its row 0 is cached, see baserow), no
+    checkpoint, and no process running it. Anything unclear (unreadable results, a results
+    schema from another version) gets no such suggestion."""
+    if lock_is_held(run_dir / LOCK_FILE) or any((run_dir / "checkpoints").glob("stage*")):
         return ""
-    status = result.status if result is not None else "partial"
+    status = "partial"
+    if (run_dir / RESULTS_FILENAME).exists():
+        try:
+            result = read_results(run_dir / RESULTS_FILENAME)
+        except UserError:
+            return ""
+        if result.status == "complete" or len(result.matrix) > 1:
+            return ""
+        status = result.status
     return (f"it is {'a failed' if status == 'failed' else 'an unfinished'} run that completed no "
             f"stage: delete it (rm -r {run_dir}) to start over there, or ")
 
 
-def _running_elsewhere(run_dir: Path) -> bool:
-    """Whether another process holds `run_dir`'s lock (probed without taking it for long)."""
-    if not (run_dir / LOCK_FILE).is_file():
-        return False
-    handle = try_file_lock(run_dir / LOCK_FILE)
-    if handle is None:
-        return True
-    handle.close()
-    return False
+def first_missing_folder(run_dir: Path) -> Path | None:
+    """The outermost folder of `run_dir` (itself included) that does not exist yet, i.e. what
+    :func:`lock_run_dir` will create; None when `run_dir` exists."""
+    missing = None
+    for folder in [run_dir, *run_dir.parents]:
+        if folder.exists():
+            break
+        missing = folder
+    return missing
 
 
-def release_unused_run_dir(run_dir: Path, created: bool) -> None:
+def release_unused_run_dir(run_dir: Path, created: Path | None) -> None:
     """Undo :func:`lock_run_dir` for a run that stopped before writing anything (a mistake
-    found before the model loaded): the lock file goes, and the folder if it was made for it."""
+    found before the model loaded): the lock file goes, and the folders made for the run, from
+    `run_dir` up to `created` (see :func:`first_missing_folder`), when they are empty."""
     with contextlib.suppress(OSError):  # already gone, or (folder) not empty: leave it
         (run_dir / LOCK_FILE).unlink()
-        if created:
-            run_dir.rmdir()
+        if created is not None:
+            for folder in [run_dir, *run_dir.parents]:
+                folder.rmdir()
+                if folder == created:
+                    break
 
 
 def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any, Any]]:

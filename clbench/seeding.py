@@ -11,7 +11,7 @@ import hashlib
 import random
 from typing import Any
 
-MAX_SEED = 2**32 - 1  # the widest seed range every generator takes (NumPy's is 32-bit)
+MAX_SEED = 2**32 - 1  # largest |run seed|: it is hashed into 31-bit seeds, or given to torch
 
 
 def derive_seed(*parts: Any) -> int:

@@ -241,7 +241,7 @@ class RunSpec(Spec):
     method: MethodSpec
     model: ModelSpec = Field(description="The model trained (the suite's default unless "
                              "overridden).")
-    seed: int = Field(default=0, ge=0, le=MAX_SEED,
+    seed: int = Field(default=0, ge=-MAX_SEED, le=MAX_SEED,
                       description="Run seed: rollout sampling, data order, init.")
     out_dir: str = Field(min_length=1, description="Run directory: results, checkpoints, logs.")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",

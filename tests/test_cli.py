@@ -228,7 +228,7 @@ def test_run_refuses_a_seed_no_generator_takes(write_suite, fake_plugins) -> Non
                     "--seed", str(2**64), "--plan")
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "Invalid value for '--seed': 18446744073709551616 is not in the range " \
-           "0<=x<=4294967295" in result.stderr
+           "-4294967295<=x<=4294967295" in result.stderr
 
 
 @pytest.mark.parametrize("args", [["run", "--method", "fake-method", "--out", ""],
@@ -245,7 +245,8 @@ def test_an_empty_out_or_model_is_refused(write_suite, fake_plugins, tmp_path: P
 
 @pytest.mark.parametrize(("seeds", "fragment"), [
     ("0,x", "--seeds '0,x': expected comma-separated integers"),
-    ("1,-2", "--seeds '1,-2': seeds must be between 0 and 4294967295"),
+    ("1,-4294967296", "--seeds '1,-4294967296': seeds must be between -4294967295 and "
+                      "4294967295"),
     (",", "--methods and --seeds must each name at least one value"),
 ])
 def test_sweep_refuses_bad_seeds_before_any_run(write_suite, fake_plugins, tmp_path: Path,

@@ -235,18 +235,18 @@ def test_a_mistake_found_before_anything_is_computed_leaves_the_folder_free(
                                             *extra])
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
-    out = tmp_path / "run"
+    out = tmp_path / "runs" / "echo" / "run"
     res = run("--set", "stages[1].task.source=test.hub-digit")
     assert res.exit_code == 2, res.output
     said = " ".join(res.output.split())
     assert "stage 'high' (stages[1].task.train_size=20): has no train items" in said
     assert "base" not in said  # refused before row 0 was evaluated
-    assert not out.exists()  # the folder it made for the run is gone again
+    assert not (tmp_path / "runs").exists()  # the folders it made for the run are gone again
     res = run("--model", "tiny-lama")
     assert res.exit_code == 2, res.output
     assert "unknown tiny model 'tiny-lama'" in res.output
-    assert not out.exists()
-    out.mkdir()
+    assert not (tmp_path / "runs").exists()
+    out.mkdir(parents=True)
     res = run("--model", "tiny-lama")
     assert res.exit_code == 2, res.output
     assert out.is_dir() and list(out.iterdir()) == []  # a folder it did not make is left
@@ -280,3 +280,96 @@ def test_a_folder_of_another_run_that_completed_no_stage_is_refused_with_the_way
         check_run_dir(folder, run_identity(run, config), resume=True)
     assert "rm -r" not in str(err.value)
     assert str(err.value).endswith("seed: 1 there, 0 now); choose another --out")
+
+
+def test_a_lock_file_removed_by_its_holder_is_not_locked_twice(tmp_path: Path) -> None:
+    """A process that opened the lock file just before its holder removed it must not end up
+    holding a lock on the removed file while a third process locks the new one."""
+    import fcntl
+
+    from clbench.atomic import lock_is_held, try_file_lock
+
+    path = tmp_path / ".running"
+    holder = try_file_lock(path)
+    assert holder is not None and lock_is_held(path)
+    late = open(path, "a")  # opened before the holder removes the file...
+    path.unlink()
+    holder.close()
+    fcntl.flock(late, fcntl.LOCK_EX | fcntl.LOCK_NB)  # ...so it can lock the removed file
+    third = try_file_lock(path)
+    assert third is not None  # the file at `path` is new and free
+    assert try_file_lock(path) is None  # and now held
+    late.close()
+    third.close()
+    assert not lock_is_held(path)
+    assert not lock_is_held(tmp_path / "absent")
+
+
+def test_a_locked_read_only_run_folder_is_probed_without_writing(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """A complete run kept read-only still answers "already holds this run" (the probe opens
+    the lock file read-only); under the run's own lock the probe is not mistaken for another
+    process."""
+    import os
+
+    from clbench.rundir import LOCK_FILE, lock_run_dir
+
+    run, config = _run(tmp_path)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(run, config)))
+    (folder / LOCK_FILE).write_text("")
+    os.chmod(folder / LOCK_FILE, 0o444)
+    real_open = open
+
+    def no_writes(file, mode="r", *args, **kwargs):  # root ignores chmod: refuse writes here
+        if str(file).endswith(LOCK_FILE) and any(c in mode for c in "wa+"):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    import builtins
+
+    monkeypatch.setattr(builtins, "open", no_writes)
+    with pytest.raises(RunDirError, match="already holds this run; pass --resume"):
+        check_run_dir(folder, run_identity(run, config), resume=False)
+    monkeypatch.undo()
+    os.chmod(folder / LOCK_FILE, 0o644)
+    mine = lock_run_dir(folder)
+    try:
+        with pytest.raises(RunDirError, match="already holds this run; pass --resume"):
+            check_run_dir(folder, run_identity(run, config), resume=False, locked_by_us=True)
+        with pytest.raises(RunDirError, match="another clbench process is running this run"):
+            check_run_dir(folder, run_identity(run, config), resume=False)
+    finally:
+        mine.close()
+
+
+@pytest.mark.parametrize("case", ["running", "checkpoint", "unreadable results", "complete"])
+def test_no_delete_hint_for_a_folder_that_may_hold_something(tmp_path: Path, case: str) -> None:
+    from clbench.rundir import LOCK_FILE, lock_run_dir
+
+    run, config = _run(tmp_path)
+    other = build_run_spec("smoke", "sft", seed=1, out_dir=tmp_path / "run")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(other, config)))
+    result = new_result(other, config)
+    result.matrix, result.row_labels = [[Cell(score=0.5, n=2)] * len(result.columns)], ["base"]
+    result.status = "complete" if case == "complete" else "partial"
+    write_results(folder / RESULTS_FILENAME, result)
+    held = None
+    if case == "running":
+        held = lock_run_dir(folder)
+    elif case == "checkpoint":
+        (folder / "checkpoints" / "stage1").mkdir(parents=True)
+    elif case == "unreadable results":
+        (folder / RESULTS_FILENAME).write_text('{"schema_version": "99.0"}')
+    try:
+        with pytest.raises(RunDirError) as err:
+            check_run_dir(folder, run_identity(run, config), resume=True)
+    finally:
+        if held is not None:
+            held.close()
+    assert "rm -r" not in str(err.value)
+    assert str(err.value).endswith("seed: 1 there, 0 now); choose another --out")
+    assert (folder / LOCK_FILE).exists() == (case == "running")
