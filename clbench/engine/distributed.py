@@ -27,7 +27,6 @@ without accelerate (the tests compare a resumed run's matrix bit for bit).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta

@@ -1,0 +1,12 @@
+"""The `clbench` command line: parse options, call the library, print with rich.
+
+`app` holds the root group, error handling and shared options; each other module registers a
+family of commands on it: `listing` (list, validate, schema, tasks show, methods show),
+`running` (run, sweep, report), `exporting` (export-lm-eval, export-model). A new command is a
+decorated function in one of them. `python -m clbench.cli` is the same command as `clbench`.
+"""
+
+from clbench.cli import exporting, listing, running  # noqa: F401 - register their commands
+from clbench.cli.app import cli, main
+
+__all__ = ["cli", "main"]

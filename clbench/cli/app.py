@@ -1,0 +1,120 @@
+"""The root of the `clbench` command: the group every command hangs on, how errors and stops
+become one message and an exit status, and what several commands share (options, consoles).
+
+A :class:`clbench.errors.UserError` raised by a command becomes one red line on stderr and exit
+status 2, a file error one line naming the path and exit 1, Ctrl-C or SIGTERM a clean stop (130
+or 143); `clbench --debug ...` re-raises to show the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from clbench import __version__
+from clbench.errors import UserError, stop_of, terminate_as_interrupt
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+# Options shared by `run` and `sweep`.
+device_option = click.option("--device", default="auto", show_default=True,
+                             metavar="auto|cpu|cuda[:N]", help="Where to train and evaluate.")
+no_base_cache_option = click.option(
+    "--no-base-cache", "no_base_cache", is_flag=True,
+    help="Evaluate row 0 (the base model) even when an identical row is cached from an "
+         "earlier run.")
+
+
+def not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An empty --out or --model would silently mean the current folder."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("must not be empty")
+    return value
+
+
+def check_device(device: str) -> None:
+    if not _DEVICE.match(device):
+        raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
+
+
+def stdout_console() -> Console:
+    """A console on the current stdout (click's test runner swaps it, so build it per call).
+
+    Under a multi-process launch (accelerate, torchrun) only the main process prints; the rank
+    is read from the launcher's environment here so that the CLI does not import torch."""
+    quiet = (os.environ.get("RANK") or "0") != "0"
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False, quiet=quiet)
+
+
+def stderr_console() -> Console:
+    return Console(file=sys.stderr, highlight=False)
+
+
+class ClbenchGroup(click.Group):
+    """A click group that turns user errors into one message and exit status 2, Ctrl-C or
+    SIGTERM into a clean stop (exit 130 or 143), and a file error into one message (exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            with terminate_as_interrupt():
+                return super().invoke(ctx)
+        except UserError as exc:
+            if ctx.find_root().params.get("debug"):
+                raise
+            stderr_console().print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:
+            if ctx.find_root().params.get("debug"):
+                raise
+            word, code = stop_of(exc)
+            stderr_console().print(f"[yellow]{word}[/]")
+            ctx.exit(code)
+        except OSError as exc:  # a path that cannot be read or written: a message, not a trace
+            if ctx.find_root().params.get("debug"):
+                raise
+            stderr_console().print(f"[bold red]error:[/] {escape(describe_os_error(exc))} "
+                                   "(--debug shows where)", soft_wrap=True)
+            ctx.exit(1)
+
+
+def describe_os_error(exc: OSError) -> str:
+    """`PATH: what went wrong`, in words a user acts on."""
+    what = exc.strerror or str(exc)
+    if exc.filename is None:
+        return what
+    path = Path(exc.filename)
+    if isinstance(exc, FileExistsError) and path.exists() and not path.is_dir():
+        what = "is a file, so no folder can be made there"  # mkdir of a parent that is a file
+    return f"{path}: {what}"
+
+
+@click.group(cls=ClbenchGroup, context_settings=CONTEXT_SETTINGS)
+@click.option("--debug", is_flag=True, help="Show full tracebacks for errors.")
+@click.version_option(__version__, "--version", prog_name="clbench")
+def cli(debug: bool) -> None:
+    """clbench: a declarative continual-learning benchmark for LLM post-training.
+
+    \b
+    Example:
+      clbench list methods
+      clbench run --suite starter --method sdpo --seed 0
+    """
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="clbench")
+
+
+def parse_sets(values: tuple[str, ...]) -> list[str]:
+    """`--set` values as given (the library parses and validates them)."""
+    return [v for v in values if v.strip()]

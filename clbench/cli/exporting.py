@@ -1,0 +1,59 @@
+"""`clbench export-lm-eval` and `export-model`: a suite's tasks and a run's model in the forms
+other tools read (lm-eval tasks, a Hugging Face model folder)."""
+
+from __future__ import annotations
+
+import click
+from rich.markup import escape
+
+from clbench.cli.app import cli, parse_sets, stdout_console
+
+@cli.command("export-lm-eval")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--suite", "suite_ref", required=True, metavar="NAME|FILE",
+              help="A named suite or a suite file.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Suite override (repeatable), e.g. --set protocol.eval_size=100.")
+def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) -> None:
+    """Export a suite's clbench tasks as lm-eval tasks (YAML + JSONL + grader hook).
+
+    Score any Hugging Face model folder with lm-eval itself (clbench must be installed for the
+    grader), e.g. a run's trained model written by `clbench export-model`:
+
+    \b
+    Example:
+      clbench export-lm-eval lmeval_tasks --suite starter
+      clbench export-model runs/starter/sdpo/s0 models/starter-sdpo-s0
+      lm_eval --model hf --model_args pretrained=models/starter-sdpo-s0 \\
+          --include_path lmeval_tasks --tasks clbench_starter
+    """
+    from clbench.lmeval_export import export_lm_eval
+    from clbench.suites import load_suite, resolve_suite, validate_suite_plugins
+
+    path = resolve_suite(suite_ref)
+    suite = load_suite(path, parse_sets(sets))
+    validate_suite_plugins(suite, path)
+    written = export_lm_eval(suite, out_dir)
+    console = stdout_console()
+    for p in written:
+        console.print(f"wrote {p}")
+    console.print(f"{len(written)} lm-eval tasks (tag clbench_{suite.name.replace('-', '_')}) "
+                  f"in {out_dir}")
+
+
+@cli.command("export-model")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("out_dir", type=click.Path(file_okay=False))
+def export_model_command(run_dir: str, out_dir: str) -> None:
+    """Write a run's trained model (after its last completed stage) as a Hugging Face model
+    folder: config, safetensors weights, tokenizer. `from_pretrained` and lm-eval load it.
+
+    \b
+    Example:
+      clbench export-model runs/starter/sdpo/s0 models/starter-sdpo-s0
+    """
+    from clbench.model_export import export_model
+
+    out, stage = export_model(run_dir, out_dir)
+    stdout_console().print(f"wrote the model after stage {stage} of {escape(run_dir)} to "
+                           f"{escape(str(out))}", soft_wrap=True)

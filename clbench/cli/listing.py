@@ -1,0 +1,181 @@
+"""`clbench list`, `validate`, `schema`, `tasks show` and `methods show`: what is installed
+and what a suite or plugin accepts, without training anything (no torch import)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from rich.markup import escape
+
+from clbench.cli.app import ClbenchGroup, cli, parse_sets, stderr_console, stdout_console
+from clbench.errors import UserError
+
+# ---------------------------------------------------------------------------------------------
+# clbench list
+# ---------------------------------------------------------------------------------------------
+
+@cli.command("list")
+@click.argument("what", type=click.Choice(["methods", "tasks", "suites"]))
+def list_command(what: str) -> None:
+    """List the installed methods, task sources or named suites.
+
+    `clbench methods show NAME` and `clbench tasks show NAME` document one of them.
+
+    \b
+    Example:
+      clbench list methods
+    """
+    from clbench import catalog
+
+    console = stdout_console()
+    if what == "suites":
+        from clbench.suites import list_suites
+
+        console.print(catalog.suites_table(list_suites()))
+        return
+    from clbench import registry
+
+    group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
+    console.print(catalog.plugins_table(what, registry.list_plugins(group), console.width))
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench validate
+# ---------------------------------------------------------------------------------------------
+
+@cli.command("validate")
+@click.argument("files", nargs=-1, required=True)
+def validate_command(files: tuple[str, ...]) -> None:
+    """Validate suite files (fields and the parameters of every task source).
+
+    Prints OK or the problems for each file; exits 0 when all are valid, 2 otherwise.
+
+    \b
+    Example:
+      clbench validate suites/*.yaml
+    """
+    from clbench.suites import load_suite, resolve_suite, validate_suite_plugins
+
+    console, errors = stdout_console(), stderr_console()
+    failed = 0
+    for ref in files:
+        try:
+            path = resolve_suite(ref)
+            suite = load_suite(path)
+            validate_suite_plugins(suite, path)
+        except UserError as exc:
+            failed += 1
+            errors.print(f"[bold red]FAIL[/] {escape(ref)}\n{escape(str(exc))}", soft_wrap=True)
+            continue
+        console.print(f"[green]OK[/]   {escape(str(path))} ({escape(suite.name)}: "
+                      f"{len(suite.stages)} stages, {len(suite.probes)} probes)", soft_wrap=True)
+    if failed:
+        raise click.exceptions.Exit(2)
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench schema
+# ---------------------------------------------------------------------------------------------
+
+@cli.command("schema")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the schema to this file instead of stdout.")
+def schema_command(output: Path | None) -> None:
+    """Print the JSON Schema of suite files (for editor completion and checks).
+
+    \b
+    Example:
+      clbench schema --output suite.schema.json
+    """
+    from clbench.specs import SuiteSpec
+
+    text = json.dumps(SuiteSpec.model_json_schema(), indent=2) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    from clbench.atomic import atomic_write_text
+
+    atomic_write_text(output, text)
+    stdout_console().print(f"wrote {escape(str(output))}")
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench tasks show
+# ---------------------------------------------------------------------------------------------
+
+@cli.group("tasks", cls=ClbenchGroup)
+def tasks_group() -> None:
+    """Inspect task sources (`clbench list tasks` lists them).
+
+    \b
+    Example:
+      clbench tasks show tool_use.generated --n 2
+    """
+
+
+@tasks_group.command("show")
+@click.argument("name")
+@click.option("--n", "n", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Number of items to show.")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Data seed.")
+@click.option("--split", type=click.Choice(["train", "eval"]), default="eval",
+              show_default=True, help="Which split to draw from (every source has an eval "
+              "split; evaluation-only sources, such as BFCL and AIME, have no train split).")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="A task parameter, e.g. --set digits=3 (repeatable).")
+def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str, ...]) -> None:
+    """Show a task source: its parameters (what `params` of a suite's task may set), then
+    items: the prompt, the reference and the reference's grade.
+
+    \b
+    Example:
+      clbench tasks show math.arithmetic --n 3 --seed 0 --split eval
+      clbench tasks show math.arithmetic --set digits=3 --set operators=*
+    """
+    from clbench import catalog
+    from clbench.registry import build_task, load_task_class
+    from clbench.specs import TaskSpec
+    from clbench.suites import apply_overrides
+
+    params = apply_overrides({}, parse_sets(sets), example="digits=3")
+    task = build_task(TaskSpec(source=name, params=params), where="params")
+    console = stdout_console()
+    console.print(catalog.fields_table(f"{name} parameters", load_task_class(name).Params))
+    catalog.print_examples(console, task, task.examples(split, seed, n))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench methods show
+# ---------------------------------------------------------------------------------------------
+
+@cli.group("methods", cls=ClbenchGroup)
+def methods_group() -> None:
+    """Inspect methods (`clbench list methods` lists them).
+
+    \b
+    Example:
+      clbench methods show sdpo
+    """
+
+
+@methods_group.command("show")
+@click.argument("name")
+def methods_show_command(name: str) -> None:
+    """Show a method's config: every field, its type, default and meaning (what
+    `--set method.FIELD=VALUE` may set).
+
+    \b
+    Example:
+      clbench methods show sdpo
+    """
+    from clbench import catalog
+    from clbench.registry import load_method_class
+
+    cls = load_method_class(name)
+    console = stdout_console()
+    doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+    if doc:
+        console.print(escape(" ".join(doc.split())), soft_wrap=True)
+    console.print(catalog.fields_table(f"{name} config", cls.Config))

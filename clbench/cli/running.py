@@ -1,0 +1,151 @@
+"""`clbench run`, `sweep` and `report`: one run, a grid of runs, and the tables of runs on disk."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from clbench.cli.app import (
+    not_empty,
+    check_device,
+    cli,
+    device_option,
+    no_base_cache_option,
+    parse_sets,
+    stdout_console,
+)
+from clbench.errors import UserError
+from clbench.seeding import MAX_SEED
+
+# ---------------------------------------------------------------------------------------------
+# clbench run
+# ---------------------------------------------------------------------------------------------
+
+@cli.command("run")
+@click.option("--suite", "suite_ref", required=True, metavar="NAME|FILE",
+              help="A named suite (see `clbench list suites`) or a suite file.")
+@click.option("--method", "method_name", required=True, metavar="NAME",
+              help="A method plugin (see `clbench list methods`).")
+@click.option("--seed", type=click.IntRange(-MAX_SEED, MAX_SEED), default=0, show_default=True,
+              help="Run seed.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              callback=not_empty,
+              help="Run directory  [default: runs/<suite>/<method>/s<seed>]")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override: method.X (method config), model.X (model) or any suite field, "
+                   "e.g. --set stages[0].budget.steps=4 (repeatable).")
+@click.option("--resume", is_flag=True, help="Continue a run from its last completed stage.")
+@click.option("--model", "model_name", default=None, metavar="NAME", callback=not_empty,
+              help="Model to train instead of the suite's default (hub id, path, tiny-*).")
+@device_option
+@no_base_cache_option
+@click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
+def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
+                sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
+                no_base_cache: bool, plan_only: bool) -> None:
+    """Benchmark a method on a suite: train stage by stage and fill the accuracy matrix.
+
+    \b
+    Example:
+      clbench run --suite starter --method sdpo --seed 0
+      clbench run --suite starter --method sdpo --seed 0 --set method.lr=2e-5 \\
+          --set stages[0].budget.steps=4 --out runs/starter-lr2e-5/sdpo/s0
+    """
+    from clbench import registry
+    from clbench.reporting import print_plan
+    from clbench.suites import build_run_spec
+
+    check_device(device)
+    run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
+                         overrides=parse_sets(sets), model=model_name, device=device,
+                         reuse_base_row=not no_base_cache)
+    config = registry.validate_method_params(run.method.name, run.method.params, where="method")
+    console = stdout_console()
+    print_plan(console, run, config.model_dump(mode="json"))
+    if plan_only:
+        return
+    # Imported here so that listing, validating and planning stay quick (no torch import).
+    protocol = importlib.import_module("clbench.protocol")
+    protocol.execute(run, resume=resume, console=console)
+
+
+@cli.command("sweep")
+@click.option("--suite", "suite_ref", required=True, metavar="NAME|FILE",
+              help="A named suite or a suite file.")
+@click.option("--methods", required=True, metavar="A,B,...", help="Comma-separated methods.")
+@click.option("--seeds", default="0", show_default=True, metavar="0,1,...",
+              help="Comma-separated run seeds.")
+@click.option("--out", "out_root", type=click.Path(file_okay=False), default=None,
+              callback=not_empty,
+              help="Root folder; each run goes to <out>/<method>/s<seed>  "
+                   "[default: runs/<suite>]")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="Override applied to every run (repeatable), as in `clbench run`.")
+@click.option("--model", "model_name", default=None, metavar="NAME", callback=not_empty,
+              help="Model to train instead of the suite's default.")
+@device_option
+@no_base_cache_option
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
+              metavar="N",
+              help="Runs at once, each a `clbench run` process logging to <out>/logs/ (1: one "
+                   "after another in this process). On the CPU each gets an equal share of the "
+                   "cores unless OMP_NUM_THREADS is set.")
+def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
+                  sets: tuple[str, ...], model_name: str | None, device: str,
+                  no_base_cache: bool, jobs: int) -> None:
+    """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
+
+    Ends with a comparison table: mean ± std over seeds per method (n = seeds). A run that
+    fails does not stop the others; the sweep then exits with status 2 naming it and its log
+    once the rest are done. With --jobs N, up to N runs go side by side (a small model leaves
+    most of a GPU idle), with a live table of their stages.
+
+    \b
+    Example:
+      clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1,2 --out runs/starter
+      clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --device cuda --jobs 6
+    """
+    from clbench import sweep
+    from clbench.suites import load_suite, resolve_suite
+
+    check_device(device)
+    method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    try:
+        seed_list = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise UserError(f"--seeds {seeds!r}: expected comma-separated integers, e.g. 0,1,2") \
+            from None
+    if not method_list or not seed_list:
+        raise UserError("--methods and --seeds must each name at least one value")
+    if any(abs(s) > MAX_SEED for s in seed_list):
+        raise UserError(f"--seeds {seeds!r}: seeds must be between -{MAX_SEED} and {MAX_SEED}")
+    if out_root is None:
+        out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
+    sweep.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
+                model=model_name, device=device, reuse_base_row=not no_base_cache, jobs=jobs,
+                console=stdout_console())
+
+
+@cli.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+def report_command(run_dirs: tuple[str, ...], as_json: bool) -> None:
+    """Print the matrix and metrics of finished runs and the comparison over seeds.
+
+    A RUN_DIR holds a results.json, or is a folder searched for them (e.g. a sweep's root).
+
+    \b
+    Example:
+      clbench report runs/starter
+      clbench report runs/starter/sdpo/s0 --json
+    """
+    from clbench import reporting
+
+    console = stdout_console()
+    if as_json:
+        console = Console(file=sys.stdout, highlight=False, soft_wrap=True, color_system=None)
+    reporting.report(list(run_dirs), as_json=as_json, console=console)
