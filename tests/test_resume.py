@@ -39,8 +39,11 @@ def _signal_mid_stage_2(args: list[str], tmp_path: Path, sig: int) -> tuple[int,
 
     marker = tmp_path / "paused"
     env = dict(os.environ, **{PAUSE_ENV: "2:1", PAUSE_ENV + "_MARKER": str(marker)})
+    # A shell that starts a job in the background has it ignore SIGINT, and children inherit
+    # that (Python then installs no Ctrl-C handler): the child is given the default back.
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), *args],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while not marker.exists():
