@@ -21,7 +21,8 @@ from pydantic import Field
 from clbench.engine.api import Method, StageContext, StageReport
 from clbench.engine.losses import token_mean
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
-                                  build_scheduler, optimizer_step, stage_lr, step_examples)
+                                  build_scheduler, optimizer_step, set_gradient_checkpointing,
+                                  stage_lr, step_examples)
 from clbench.engine.rollout import encode_chat
 from clbench.engine.logprobs import completion_logprobs
 
@@ -65,6 +66,7 @@ class SFT(Method):
     def _train(self, ctx: StageContext) -> StageReport:
         cfg, budget, model, dist = self.config, ctx.budget, ctx.model, ctx.dist
         lr = stage_lr(cfg, budget)
+        set_gradient_checkpointing(model, cfg)
         optimizer = dist.prepare_optimizer(build_optimizer(model, cfg, lr))
         scheduler = build_scheduler(optimizer, cfg, budget.steps)
         clock, counters, report = PhaseClock(), Counters(), StageReport()

@@ -99,3 +99,26 @@ def test_pack_batch_layout_and_errors() -> None:
         pack_batch([[]], [[1]])
     with pytest.raises(ValueError, match="2 contexts but 1 completions"):
         pack_batch([[1], [2]], [[3]])
+
+
+def test_gradient_checkpointing_changes_memory_not_gradients() -> None:
+    """Recomputing activations in backward (the default) gives bit-identical gradients, so
+    turning it on or off never changes a result; it applies in train mode only."""
+    from clbench.engine.logprobs import completion_distributions
+    from clbench.engine.optim import OptimizerSettings, set_gradient_checkpointing
+    from clbench.models import load_model
+
+    assert OptimizerSettings().gradient_checkpointing
+    grads = []
+    for on in (False, True):
+        model, _ = load_model("tiny-llama", device="cpu", dtype="float32", seed=0)
+        set_gradient_checkpointing(model, OptimizerSettings(gradient_checkpointing=on))
+        assert model.model.gradient_checkpointing is on
+        model.train()
+        gen = torch.Generator().manual_seed(0)
+        prompts = [torch.randint(3, 60, (20 - i,), generator=gen).tolist() for i in range(4)]
+        completions = [torch.randint(3, 60, (6,), generator=gen).tolist() for _ in range(4)]
+        dists = completion_distributions(model, prompts, completions, topk=5, grad=True)
+        (dists.token_logprobs.sum() + dists.logprobs.sum()).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))

@@ -42,8 +42,8 @@ from clbench.engine.api import Method, StageReport
 from clbench.engine.logprobs import TokenLogprobs, completion_logprobs, pack_batch
 from clbench.engine.losses import token_mean
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
-                                  build_scheduler, optimizer_step, rank_share, stage_lr,
-                                  step_examples)
+                                  build_scheduler, optimizer_step, rank_share,
+                                  set_gradient_checkpointing, stage_lr, step_examples)
 from clbench.engine.rollout import Generator, HFGenerator, Rollout, SamplingParams
 from clbench.tasks.base import Example, Grade
 
@@ -229,6 +229,7 @@ class OnPolicyTrainer:
         self.lr = stage_lr(settings, budget)
         self.clock = PhaseClock()
         self.counters = Counters()
+        set_gradient_checkpointing(self.model, settings)
         self.optimizer = self.dist.prepare_optimizer(build_optimizer(self.model, settings,
                                                                      self.lr))
         self.scheduler = build_scheduler(self.optimizer, settings, budget.steps)
