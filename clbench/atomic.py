@@ -130,11 +130,9 @@ def try_file_lock(path: str | os.PathLike[str]) -> IO[str] | None:
         except BlockingIOError:
             handle.close()
             return None
-        try:
+        with contextlib.suppress(FileNotFoundError):  # unlinked meanwhile: try again below
             if os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino:
                 return handle
-        except FileNotFoundError:
-            pass
         handle.close()  # locked a file already unlinked from `path`: try the current one
 
 
