@@ -57,16 +57,16 @@ from clbench.rundir import (
     RunDirError,
     check_run_dir,
     first_missing_folder,
-    lock_run_dir,
-    release_unused_run_dir,
     load_checkpoint,
+    lock_run_dir,
     prune_checkpoints,
+    release_unused_run_dir,
     run_identity,
     save_checkpoint,
 )
 from clbench.seeding import derive_seed, seed_everything
-from clbench.tasks.base import TaskSizeError
 from clbench.specs import RunSpec
+from clbench.tasks.base import TaskSizeError
 
 if TYPE_CHECKING:
     import torch
