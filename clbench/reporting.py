@@ -32,7 +32,9 @@ def metric_order(names: Iterable[str]) -> list[str]:
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
+    from clbench.metrics.aggregate import format_value
+
+    return "—" if value is None else format_value(value, digits)
 
 
 def matrix_table(result: RunResult) -> Any:

@@ -22,6 +22,14 @@ def test_single_seed_says_n_equals_one_and_has_no_spread() -> None:
     assert s.format(2) == "0.42 (n=1)"
 
 
+def test_a_value_that_rounds_to_zero_has_no_sign() -> None:
+    from clbench.metrics.aggregate import format_value
+
+    assert format_value(-0.0) == "0.000" and format_value(-0.0004) == "0.000"
+    assert format_value(-0.0006) == "-0.001" and format_value(0.25, 2) == "0.25"
+    assert summarise([-0.0001, 0.0001]).format() == "0.000 ± 0.000 (n=2)"
+
+
 def test_undefined_values_are_counted_as_missing() -> None:
     s = summarise([0.2, None, float("nan"), 0.4])
     assert (s.mean, s.n, s.missing) == (pytest.approx(0.3), 2, 2)

@@ -14,6 +14,13 @@ from typing import Any
 import numpy as np
 
 
+def format_value(value: float, digits: int = 3) -> str:
+    """`value` to `digits` decimals, without the sign of a value that rounds to zero (a FWT of
+    -0.0001 reads 0.000, not -0.000)."""
+    text = f"{value:.{digits}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
 @dataclass(frozen=True)
 class SeedSummary:
     """Mean and sample standard deviation (ddof=1) of one quantity over ``n`` seeds.
@@ -32,9 +39,9 @@ class SeedSummary:
         if self.mean is None:
             text = "n/a"
         elif self.std is None:
-            text = f"{self.mean:.{digits}f}"
+            text = format_value(self.mean, digits)
         else:
-            text = f"{self.mean:.{digits}f} ± {self.std:.{digits}f}"
+            text = f"{format_value(self.mean, digits)} ± {format_value(self.std, digits)}"
         return f"{text} (n={self.n})"
 
     def as_dict(self) -> dict[str, Any]:
