@@ -48,8 +48,8 @@ class OptimizerSettings(MethodConfig):
     adam_eps: float = Field(default=1e-8, gt=0.0, description="AdamW epsilon.")
     gradient_checkpointing: bool = Field(
         default=True, description="Recompute each layer's activations in the backward pass "
-        "instead of keeping them: about a third more compute per backward, and memory that no "
-        "longer grows with rows x (prompt length)^2 (padded batches take attention's "
+        "instead of keeping them: up to a third more time per forward/backward, and memory "
+        "that no longer grows with rows x (prompt length)^2 (padded batches take attention's "
         "materialised path). Without it a starter tool-use step needs ~23 GB on a CPU.")
 
 
