@@ -167,7 +167,8 @@ class ProtocolSpec(Spec):
 class ModelSpec(Spec):
     """The model a run starts from."""
 
-    name: str = Field(default="smollm2-135m", min_length=1, description="`smollm2-135m` (the embedded "
+    name: str = Field(default="smollm2-135m", min_length=1,
+                      description="`smollm2-135m` (the embedded "
                       "default), a `tiny-*` test model, a hub id or a local path.")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         default="auto", description="`auto`: bf16 where the device supports it, else fp32.")
