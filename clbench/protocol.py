@@ -340,10 +340,9 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 progress.advance(stages_bar)
                 log.info("stage %d (%s) done", stage, spec.name)
     except KeyboardInterrupt as exc:
-        log.warning("%s during stage %d", stop_of(exc)[0], stage)
-        raise RunInterrupted.after(exc, f"stages 1..{len(result.matrix) - 1} are saved in "
-                                   f"{run_dir}. Continue with the same command plus --resume"
-                                   ) from None
+        log.warning("%s during %s", stop_of(exc)[0], f"stage {stage}" if stage else "row 0")
+        raise RunInterrupted.after(exc, f"{saved_rows(len(result.matrix), run_dir)}. "
+                                   "Continue with the same command plus --resume") from None
     except Exception as exc:
         result.status = "failed"
         result.error = f"stage {stage}: {type(exc).__name__}: {exc}"
@@ -360,6 +359,16 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     dist.wait()
     print_summary(console, result)
     return result
+
+
+def saved_rows(rows: int, run_dir: Path) -> str:
+    """What a stopped run keeps, from its number of complete rows of R (row 0 is the base)."""
+    if rows == 0:
+        return f"no row was complete yet (row 0, the base model, was being evaluated) in {run_dir}"
+    if rows == 1:
+        return f"row 0 (the base model) is saved in {run_dir}"
+    stages = "stage 1" if rows == 2 else f"stages 1..{rows - 1}"
+    return f"row 0 and {stages} are saved in {run_dir}"
 
 
 class _Clock:

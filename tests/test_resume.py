@@ -116,9 +116,19 @@ def test_a_stop_request_mid_stage_keeps_completed_stages(tmp_path: Path, sig: in
     exit_code, output = _signal_mid_stage_2(common, tmp_path, sig)
     assert exit_code == code, output
     assert "Traceback" not in output
-    assert f"{word}; stages 1..1 are saved" in output and "--resume" in output
+    assert f"{word}; row 0 and stage 1 are saved" in output and "--resume" in output
     partial = read_results(out / "results.json")
     assert partial.status == "partial" and len(partial.matrix) == 2  # base + stage 1 kept
     resumed = run_cli(common + ["--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert read_results(out / "results.json").status == "complete"
+
+
+def test_stop_message_names_what_is_saved(tmp_path):
+    from clbench.protocol import saved_rows
+
+    assert saved_rows(0, tmp_path) == (f"no row was complete yet (row 0, the base model, was being "
+                                       f"evaluated) in {tmp_path}")
+    assert saved_rows(1, tmp_path) == f"row 0 (the base model) is saved in {tmp_path}"
+    assert saved_rows(2, tmp_path) == f"row 0 and stage 1 are saved in {tmp_path}"
+    assert saved_rows(4, tmp_path) == f"row 0 and stages 1..3 are saved in {tmp_path}"

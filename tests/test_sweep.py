@@ -326,7 +326,7 @@ def test_a_sweep_killed_by_sigkill_leaves_no_run_training(tmp_path: Path) -> Non
                 os.kill(pid, signal.SIGKILL)
     for seed in SEEDS:
         log = (root / "logs" / f"sft-s{seed}.log").read_text()
-        assert "terminated; stages 1..1 are saved" in log  # a clean stop, not a kill
+        assert "terminated; row 0 and stage 1 are saved" in log  # a clean stop, not a kill
         assert len(read_results(run_dir(root, seed) / "results.json").matrix) == 2
 
 
@@ -354,4 +354,4 @@ def test_sigterm_stops_every_child_and_exits_143(tmp_path: Path) -> None:
         result = read_results(run_dir(root, seed) / "results.json")
         assert result.status == "partial" and len(result.matrix) == 2  # stage 1 kept
         log = (root / "logs" / f"sft-s{seed}.log").read_text()
-        assert "terminated; stages 1..1 are saved" in log
+        assert "terminated; row 0 and stage 1 are saved" in log
