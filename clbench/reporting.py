@@ -71,15 +71,17 @@ def print_summary(console: Console, result: RunResult) -> None:
 
 def collect_results(run_dirs: Sequence[str | Path],
                     skipped: list[str] | None = None) -> list[tuple[Path, RunResult]]:
-    """Results of every run dir (a dir holding results.json, its results.json itself, or a
-    folder searched for them). A results file that cannot be read is an error when named, and
-    is left out (said in `skipped`, when given) when found by a search of a folder."""
+    """Results of every run dir (a dir holding results.json, a results file itself, whatever
+    its name, or a folder searched for them). A results file that cannot be read is an error
+    when named, and is left out (said in `skipped`, when given) when found by a search of a
+    folder."""
     found: list[tuple[Path, RunResult]] = []
     for d in map(Path, run_dirs):
         if not d.exists():
             raise UserError(f"{d}: no such run directory")
-        if d.is_file() and d.name == RESULTS_FILENAME:
-            d = d.parent
+        if d.is_file():  # a results file copied out of its run folder keeps its meaning
+            found.append((d.parent if d.name == RESULTS_FILENAME else d, read_results(d)))
+            continue
         if (d / RESULTS_FILENAME).is_file():
             found.append((d, read_results(d / RESULTS_FILENAME)))
             continue
@@ -144,8 +146,9 @@ def print_comparison(console: Console, table_data: dict[str, Any]) -> None:
 
 
 def report(run_dirs: Sequence[str | Path], as_json: bool = False,
-           console: Console | None = None) -> dict[str, Any]:
-    """Print each run's matrix and metrics and the comparison over seeds (or JSON)."""
+           console: Console | None = None, as_markdown: bool = False) -> dict[str, Any]:
+    """Print each run's matrix and metrics and the comparison over seeds (or JSON, or
+    Markdown tables to paste into a paper or a README)."""
     console = console or Console()
     skipped: list[str] = []
     found = collect_results(run_dirs, skipped)
@@ -160,6 +163,10 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
     if as_json:
         console.print_json(json.dumps(data))
         return data
+    if as_markdown:
+        console.print(markdown_report([r for _, r in found], data["comparison"], skipped),
+                      markup=False, highlight=False, soft_wrap=True)
+        return data
     for reason in skipped:
         console.print(f"[yellow]left out: {escape(reason)}[/]", soft_wrap=True)
     for _, r in found:
@@ -170,6 +177,57 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
                       f"{', '.join(incomplete)}[/]")
     print_comparison(console, data["comparison"])
     return data
+
+
+def _md_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
+              right: Sequence[int] | None = None) -> list[str]:
+    """A GitHub-flavoured Markdown table; the `right` columns (default: all but the first) are
+    right-aligned."""
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    right = range(1, len(headers)) if right is None else right
+    rule = ["---:" if i in right else "---" for i in range(len(headers))]
+    return [line(headers), "|" + "|".join(rule) + "|", *map(line, rows)]
+
+
+def markdown_report(results: Sequence[RunResult], table_data: dict[str, Any],
+                    skipped: Sequence[str] = ()) -> str:
+    """`clbench report --markdown`: each run's R and metrics, then the comparison over seeds.
+    R's cells are scores; the item count of each column is said under the table (a cell
+    whose count differs from its column's says it in the cell)."""
+    from clbench.metrics.aggregate import SeedSummary
+
+    out: list[str] = [f"> left out: {reason}" for reason in skipped]
+    for r in results:
+        counts = [max((row[i].n for row in r.matrix if row[i] is not None), default=0)
+                  for i in range(len(r.columns))]
+
+        def cell(c: Any, n: int) -> str:
+            return "—" if c is None else _fmt(c.score) + ("" if c.n == n else f" (n={c.n})")
+
+        out += ["", f"### R: {r.suite.get('name')} / {r.method.name} / seed {r.seed} "
+                    f"({r.status})", ""]
+        out += _md_table(["after", *[f"{c.name} ({c.kind})" for c in r.columns]],
+                         ([label, *[cell(c, n) for c, n in zip(row, counts)]]
+                          for label, row in zip(r.row_labels, r.matrix)))
+        out += ["", "Items per cell: " + ", ".join(f"{c.name} {n}"
+                                                   for c, n in zip(r.columns, counts)) + "."]
+        if r.metrics:
+            out += ["", *_md_table(["metric (n = 1)", "value", "variant"], (
+                [f"{name} {'↑' if m.higher_is_better else '↓'}", _fmt(m.value), m.variant or ""]
+                for name, m in ((n, r.metrics[n]) for n in metric_order(r.metrics))),
+                right=[1])]
+    incomplete = [f"{r.method.name} seed {r.seed}" for r in results if r.status != "complete"]
+    if incomplete:
+        out += ["", f"Not complete (left out of the comparison): {', '.join(incomplete)}."]
+    for suite, methods in table_data.items():
+        names = metric_order({n for metrics in methods.values() for n in metrics})
+        out += ["", f"### {suite.split(':')[0]}: mean ± std over seeds (n = seeds)", ""]
+        out += _md_table(["method", *names], (
+            [method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
+                       for n in names]] for method, metrics in sorted(methods.items())))
+    return "\n".join(out).strip() + "\n"
 
 
 def _params(params: dict[str, Any]) -> str:

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from clbench.seeding import MAX_SEED
 
+DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:\d+)?)$"
+
 SUITE_SCHEMA_VERSION = 1
 _NAME = r"^[a-z0-9][a-z0-9_.\-]*$"
 
@@ -245,7 +247,7 @@ class RunSpec(Spec):
     seed: int = Field(default=0, ge=-MAX_SEED, le=MAX_SEED,
                       description="Run seed: rollout sampling, data order, init.")
     out_dir: str = Field(min_length=1, description="Run directory: results, checkpoints, logs.")
-    device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$",
+    device: str = Field(default="auto", pattern=DEVICE_PATTERN,
                         description="`auto`, `cpu`, `mps`, `cuda`, `cuda:N`.")
     reuse_base_row: bool = Field(default=True, description="Take row 0 (the base model's "
                                  "scores) from the cache when an earlier run computed the same "

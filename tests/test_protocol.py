@@ -283,6 +283,10 @@ def test_report_command_on_a_finished_run(tmp_path: Path) -> None:
     with pytest.raises(UserError, match="nowhere: no such run directory"):
         report([tmp_path / "nowhere"])
     assert report([out / "results.json"], console=console)["runs"] == data["runs"]
+    copied = tmp_path / "echo-s0.json"  # a results file kept outside its run folder
+    copied.write_bytes((out / "results.json").read_bytes())
+    (again,) = report([copied], console=console)["runs"]
+    assert again["matrix"] == data["runs"][0]["matrix"] and again["dir"] == str(copied)
 
 
 def test_report_shows_every_metric_and_leaves_out_unreadable_results(tmp_path: Path) -> None:
@@ -323,6 +327,20 @@ def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
     data = json.loads(res.output)
     assert data["runs"][0]["status"] == "complete" and data["runs"][0]["seed"] == 0
     assert data["comparison"]
+    md = run_cli(["report", str(root), "--markdown"])
+    assert md.exit_code == 0, md.output
+    result = read_results(root / "test.echo-sft" / "s0" / "results.json")
+    lines = md.output.splitlines()
+    header = lines.index("| after | " + " | ".join(f"{c.name} ({c.kind})"
+                                                   for c in result.columns) + " |")
+    assert lines[header + 1] == "|---|" + "|".join(["---:"] * len(result.columns)) + "|"
+    for label, row, line in zip(result.row_labels, result.score_matrix(), lines[header + 2:]):
+        assert line == f"| {label} | " + " | ".join(f"{v:.3f}" for v in row) + " |"
+    acc = result.metrics["acc"].value
+    assert f"| acc ↑ | {acc:.3f} | {result.metrics['acc'].variant} |" in lines
+    assert any(line.startswith(f"| test.echo-sft | {acc:.3f} (n=1) |") for line in lines)
+    both = run_cli(["report", str(root), "--markdown", "--json"])
+    assert both.exit_code == 2 and "--json and --markdown: choose one" in both.output
     bad = run_cli(["sweep", "--suite", str(suite), "--methods", "test.echo-sft",
                    "--seeds", "0,x"])
     assert bad.exit_code == 2 and "comma-separated integers" in bad.output

@@ -9,7 +9,6 @@ or 143); `clbench --debug ...` re-raises to show the traceback.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,6 @@ from clbench import __version__
 from clbench.errors import UserError, stop_of, terminate_as_interrupt
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
 # Options shared by `run` and `sweep`.
@@ -42,7 +40,12 @@ def not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 def check_device(device: str) -> None:
-    if not _DEVICE.match(device):
+    """Refuse a malformed --device before a suite is read (the spec applies the same rule)."""
+    import re
+
+    from clbench.specs import DEVICE_PATTERN
+
+    if not re.match(DEVICE_PATTERN, device):
         raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")
 
 

@@ -133,19 +133,25 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
 @cli.command("report")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
-def report_command(run_dirs: tuple[str, ...], as_json: bool) -> None:
+@click.option("--markdown", "as_markdown", is_flag=True,
+              help="Print Markdown tables instead (for a paper, a README or a pull request).")
+def report_command(run_dirs: tuple[str, ...], as_json: bool, as_markdown: bool) -> None:
     """Print the matrix and metrics of finished runs and the comparison over seeds.
 
-    A RUN_DIR holds a results.json, or is a folder searched for them (e.g. a sweep's root).
+    A RUN_DIR holds a results.json, or is a folder searched for them (e.g. a sweep's root),
+    or is a results file itself, whatever its name.
 
     \b
     Example:
       clbench report runs/starter
       clbench report runs/starter/sdpo/s0 --json
+      clbench report runs/starter --markdown > results.md
     """
     from clbench import reporting
 
+    if as_json and as_markdown:
+        raise click.UsageError("--json and --markdown: choose one")
     console = stdout_console()
-    if as_json:
+    if as_json or as_markdown:
         console = Console(file=sys.stdout, highlight=False, soft_wrap=True, color_system=None)
-    reporting.report(list(run_dirs), as_json=as_json, console=console)
+    reporting.report(list(run_dirs), as_json=as_json, as_markdown=as_markdown, console=console)
