@@ -52,11 +52,31 @@ def matrix_table(result: RunResult) -> Any:
     return table
 
 
+def compute_summary(result: RunResult) -> str:
+    """What the run cost so far, in one line: wall time (summed over resumed sessions), device,
+    peak memory, optimizer steps and tokens."""
+    c = result.compute
+    hours = f" ({c.wall_time_s / 3600:.1f} h)" if c.wall_time_s >= 3600 else ""
+    parts = [f"{c.wall_time_s:,.0f} s{hours} on {c.device or 'an unrecorded device'}"]
+    if c.peak_memory_bytes:
+        what = "GPU memory allocated" if c.device.startswith("cuda") else "resident memory"
+        parts.append(f"peak {what} {c.peak_memory_bytes / 2**30:.1f} GiB")
+    tokens = dict(c.tokens)
+    if "optimizer_steps" in tokens:
+        parts.append(f"{tokens.pop('optimizer_steps'):,} optimizer steps")
+    named = [f"{tokens.pop(k):,} {k.removesuffix('_tokens')}" for k in
+             ("generated_tokens", "trained_tokens", "teacher_tokens") if tokens.get(k)]
+    if named:
+        parts.append("tokens: " + ", ".join(named))
+    return "; ".join(parts)
+
+
 def print_summary(console: Console, result: RunResult) -> None:
-    """The matrix, then the headline metrics with their variants."""
+    """The matrix, then the headline metrics with their variants, then the compute."""
     from rich.table import Table
 
     console.print(matrix_table(result))
+    console.print(f"[dim]compute: {escape(compute_summary(result))}[/]", soft_wrap=True)
     if not result.metrics:
         return
     table = Table(title="metrics (single run: n = 1)")
@@ -212,7 +232,8 @@ def markdown_report(results: Sequence[RunResult], table_data: dict[str, Any],
                          ([label, *[cell(c, n) for c, n in zip(row, counts)]]
                           for label, row in zip(r.row_labels, r.matrix)))
         out += ["", "Items per cell: " + ", ".join(f"{c.name} {n}"
-                                                   for c, n in zip(r.columns, counts)) + "."]
+                                                   for c, n in zip(r.columns, counts)) + ".",
+                "", f"Compute: {compute_summary(r)}."]
         if r.metrics:
             out += ["", *_md_table(["metric (n = 1)", "value", "variant"], (
                 [f"{name} {'↑' if m.higher_is_better else '↓'}", _fmt(m.value), m.variant or ""]

@@ -256,3 +256,23 @@ def test_atomic_dir_puts_the_old_folder_back_when_the_new_one_cannot_go_in(tmp_p
     monkeypatch.setattr(atomic.os, "replace", real_replace)
     assert (target / "a.txt").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["stage1"]
+
+
+def test_compute_summary_reads_out_the_cost_of_a_run() -> None:
+    from types import SimpleNamespace
+
+    from clbench.reporting import compute_summary
+    from clbench.results import Compute
+
+    cpu = Compute(tokens={"generated_tokens": 31732, "trained_tokens": 15852, "rollouts": 768,
+                          "teacher_tokens": 238736, "optimizer_steps": 48},
+                  wall_time_s=12260.4, device="cpu", peak_memory_bytes=9 * 2**30)
+    assert compute_summary(SimpleNamespace(compute=cpu)) == (
+        "12,260 s (3.4 h) on cpu; peak resident memory 9.0 GiB; 48 optimizer steps; "
+        "tokens: 31,732 generated, 15,852 trained, 238,736 teacher")
+    gpu = Compute(tokens={"trained_tokens": 5407, "optimizer_steps": 48}, wall_time_s=243.6,
+                  device="cuda:0", peak_memory_bytes=int(5.74 * 2**30))
+    assert compute_summary(SimpleNamespace(compute=gpu)) == (
+        "244 s on cuda:0; peak GPU memory allocated 5.7 GiB; 48 optimizer steps; "
+        "tokens: 5,407 trained")
+    assert compute_summary(SimpleNamespace(compute=Compute())) == "0 s on an unrecorded device"
