@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 _DEFAULT_MODE = 0o644  # new files are readable by the leaderboard builder and other users
@@ -105,13 +105,20 @@ def _make_readable(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+def file_lock(path: str | os.PathLike[str],
+              on_wait: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold an exclusive advisory lock on `path` (created if missing) for the `with` block;
-    other processes asking for the same lock wait. Released when the process dies."""
+    other processes asking for the same lock wait (calling `on_wait` first, so a long wait can
+    be announced). Released when the process dies."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
 

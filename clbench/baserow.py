@@ -143,16 +143,18 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], result: RunResult) -
 
 def load_or_compute(key: str, column_names: Sequence[str], run_dir: Path,
                     compute: Callable[[], list[Cell | None]], root: Path | None = None,
+                    on_wait: Callable[[], None] | None = None,
                     ) -> tuple[list[Cell | None], bool]:
     """Row 0 from the cache (records copied into `run_dir`), else `compute()` and cache it.
 
     `compute` must write the row's per-item records into `run_dir` (as `evaluate_row` does). The
-    lock is held while computing, so concurrent runs of one key compute it once. A cache that
-    cannot be used (unwritable folder, damaged entry) is a miss with a warning, never a failed run.
-    Returns the cells and whether they came from the cache.
+    lock is held while computing, so concurrent runs of one key compute it once; a run that finds
+    it held calls `on_wait` and waits for the row. A cache that cannot be used (unwritable folder,
+    damaged entry) is a miss with a warning, never a failed run. Returns the cells and whether
+    they came from the cache.
     """
     root = root or cache_dir()
-    with _locked(root, key) as locked:
+    with _locked(root, key, on_wait) as locked:
         cached = lookup(key, column_names, run_dir, root, locked=True) if locked else None
         if cached is not None:
             return cached, True
@@ -212,12 +214,12 @@ def store(key: str, column_names: Sequence[str], cells: Sequence[Cell | None], r
 
 
 @contextlib.contextmanager
-def _locked(root: Path, key: str) -> Iterator[bool]:
+def _locked(root: Path, key: str, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
     """The key's lock; yields False (with a warning) when the cache folder cannot be used."""
     with contextlib.ExitStack() as stack:
         try:
             root.mkdir(parents=True, exist_ok=True)
-            stack.enter_context(file_lock(root / f".{key}.lock"))
+            stack.enter_context(file_lock(root / f".{key}.lock", on_wait))
         except OSError as exc:
             log.warning("base-row cache %s unusable (%s); evaluating row 0 without it", root, exc)
             yield False

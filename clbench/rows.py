@@ -128,8 +128,14 @@ def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
         return compute()
     key = baserow.base_row_key(run, plans, result)
     names = [p.name for p in plans]
+    def announce_wait() -> None:  # a sweep's other runs start together and share one row 0
+        log.info("row 0: another run is evaluating the same row (key %s); waiting for it", key)
+        console.print("row 0 (base model): another run is evaluating the same row; waiting to "
+                      f"reuse it ({baserow.cache_dir() / key})", soft_wrap=True)
+
     if dist.num_processes == 1:
-        cells, reused = baserow.load_or_compute(key, names, run_dir, compute)
+        cells, reused = baserow.load_or_compute(key, names, run_dir, compute,
+                                                on_wait=announce_wait)
     else:
         found = dist.broadcast(baserow.lookup(key, names, run_dir) if dist.is_main else None)
         reused = found is not None

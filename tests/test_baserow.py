@@ -145,3 +145,34 @@ def test_another_seed_of_a_tiny_model_computes_its_own_row0(tmp_path: Path) -> N
     assert res.exit_code == 0 and "reused" not in res.output
     b = read_results(tmp_path / "b" / "results.json")
     assert b.artifacts["base_row"]["reused"] is False
+
+
+def test_a_run_that_finds_row0_being_evaluated_says_so_and_reuses_it(tmp_path: Path) -> None:
+    """Two runs of a sweep start together: the second waits for the first's row 0, saying so,
+    instead of sitting silent, then copies the row instead of evaluating it."""
+    from clbench.atomic import try_file_lock
+
+    root, waits = tmp_path / "cache", []
+    root.mkdir()
+    holder = try_file_lock(root / ".k.lock")  # the first run, evaluating
+    assert holder is not None
+    row = [Cell(score=0.25, n=4, ci_low=0.0, ci_high=0.75)]
+
+    def first_run_finishes() -> None:
+        waits.append("waited")
+        records = tmp_path / "r1" / "items" / "row0" / "a.jsonl"
+        records.parent.mkdir(parents=True)
+        records.write_text('{"column": "a"}\n')
+        baserow.store("k", ["a"], row, tmp_path / "r1", root, locked=True)
+        holder.close()
+
+    def compute() -> list[Cell | None]:
+        raise AssertionError("row 0 was evaluated again")
+
+    cells, reused = baserow.load_or_compute("k", ["a"], tmp_path / "r2", compute, root,
+                                            on_wait=first_run_finishes)
+    assert waits == ["waited"] and reused and cells == row
+    assert (tmp_path / "r2" / "items" / "row0" / "a.jsonl").read_text() == '{"column": "a"}\n'
+    _, reused = baserow.load_or_compute("k", ["a"], tmp_path / "r3", compute, root,
+                                        on_wait=first_run_finishes)
+    assert reused and waits == ["waited"]  # a free lock is taken without a word
