@@ -23,7 +23,7 @@ from clbench.metrics.aggregate import bootstrap_interval
 from clbench.tasks.base import Example, Messages, TaskSource
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
+    from clbench.progress import AnyProgress
 
     from clbench.specs import DecodingSpec
 
@@ -62,12 +62,12 @@ class CellResult:
 
 def evaluate_column(column: str, task: TaskSource, examples: Sequence[Example],
                     generate: GenerateFn, *, batch_size: int, bootstrap_samples: int = 1000,
-                    bootstrap_seed: int = 0, progress: Progress | None = None,
+                    bootstrap_seed: int = 0, progress: AnyProgress | None = None,
                     description: str | None = None) -> CellResult:
     """Generate a completion for every example in batches, grade each, and summarise the cell.
 
-    ``progress`` (a running rich Progress) gets one task advanced per batch. Grader exceptions
-    are not swallowed: a grader that raises is a bug in the task source.
+    ``progress`` (what :func:`clbench.progress.run_progress` gives) gets one task advanced per
+    batch. Grader exceptions are not swallowed: a grader that raises is a bug in the task source.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from clbench import registry
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError, stop_of
 from clbench.metrics.continual import compute_metrics
+from clbench.progress import run_progress
 from clbench.reporting import print_summary
 from clbench.results import (
     RESULTS_FILENAME,
@@ -119,12 +119,6 @@ def fill_metrics(result: RunResult, run: RunSpec) -> None:
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
-
-def _progress(console: Console, disable: bool = False) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(),
-                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                    TimeRemainingColumn(), console=console, transient=True, disable=disable)
-
 
 def _attach_log(run_dir: Path) -> logging.Handler:
     handler = logging.FileHandler(run_dir / "run.log", encoding="utf-8")
@@ -289,7 +283,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                              "device": str(device), **dist.describe()}
     stage = done
     try:
-        with _progress(console, disable=not main) as progress, dist.autocast():
+        with run_progress(console, disable=not main) as progress, dist.autocast():
             if not result.matrix:
                 seed_everything(derive_seed(run.seed, 0))
                 result.matrix.append(base_row(run, plans, model, tokenizer, run_dir, progress,

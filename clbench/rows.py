@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.progress import Progress
 
 from clbench import baserow, registry
 from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, records_path, \
     summarise_cell, write_records
+from clbench.progress import AnyProgress
 from clbench.results import Cell, RunResult
 from clbench.seeding import derive_seed
 from clbench.specs import RunSpec
@@ -58,7 +58,7 @@ def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
 
 
 def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
-                 run: RunSpec, run_dir: Path, progress: Progress,
+                 run: RunSpec, run_dir: Path, progress: AnyProgress,
                  dist: Distributed | None = None) -> list[CellResult]:
     """Evaluate every column with the model as it is now; save the items of each cell.
 
@@ -112,7 +112,7 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
 
 
 def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
-             run_dir: Path, progress: Progress, result: RunResult, console: Console,
+             run_dir: Path, progress: AnyProgress, result: RunResult, console: Console,
              dist: Distributed) -> list[Cell | None]:
     """Row 0: from the shared cache when an identical row was computed before, else evaluated
     (and cached). The result records which, under `artifacts["base_row"]`.
