@@ -77,9 +77,11 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None) -> di
     with contextlib.suppress(ValidationError):  # kept as written (see above)
         out["model"] = ModelSpec.model_validate(identity.get("model")).model_dump(mode="json")
     with contextlib.suppress(UserError):  # an unknown method or a config it no longer takes
-        config = registry.validate_method_params(identity.get("method", ""),
-                                                 identity.get("method_config"))
-        out["method_config"] = config.model_dump(mode="json")
+        name = identity.get("method", "")
+        recorded = registry.load_method_class(name).Config.as_recorded(
+            identity.get("method_config"))
+        out["method_config"] = registry.validate_method_params(name, recorded).model_dump(
+            mode="json")
     return out
 
 

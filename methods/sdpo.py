@@ -28,7 +28,7 @@ from typing import ClassVar, Literal
 import torch
 from pydantic import Field
 
-from clbench.engine.api import StageReport
+from clbench.engine.api import VALUE_BEFORE_FIELD, StageReport
 from clbench.engine.logprobs import completion_distributions, completion_logprobs
 from clbench.engine.losses import (distillation_per_token, importance_weight,
                                    topk_logprob_divergence)
@@ -70,6 +70,11 @@ class SDPOConfig(OnPolicySettings):
                                   "with reward >= this is a demonstration.")
     use_feedback: bool = Field(default=True, description="Put the verifier's feedback on a failed "
                                "rollout into its teacher context.")
+    feedback_with_demo: bool = Field(
+        default=False, json_schema_extra={VALUE_BEFORE_FIELD: True},
+        description="Also give feedback to a failed rollout that has a demonstration. Off, as "
+        "in the reference's config (`environment_feedback_only_without_solution`): feedback "
+        "only where there is no demonstration.")
     use_reference_solution: bool = Field(default=False, description="Use the task's reference "
                                          "solution as the demonstration when no sibling "
                                          "succeeded (privileged context).")
@@ -149,6 +154,7 @@ class SDPOObjective(Objective):
                 example.messages, [float(batch.rewards[i]) for i in rows],
                 [batch.rollouts[i].text for i in rows], [batch.grades[i].feedback for i in rows],
                 threshold=cfg.demo_threshold, use_feedback=cfg.use_feedback,
+                feedback_with_demo=cfg.feedback_with_demo,
                 reference=example.reference if cfg.use_reference_solution else None,
                 strip_reasoning=cfg.strip_demo_reasoning)
         fitted = [fit_teacher_context(tc, batch.examples[i // n].messages, ctx.tokenizer,

@@ -67,6 +67,27 @@ def test_a_field_added_with_another_value_is_a_difference_named_by_path(tmp_path
     assert "suite_hash" not in message  # the suite is compared field by field
 
 
+def test_a_field_that_changed_the_method_reads_as_it_was_in_older_runs(tmp_path: Path) -> None:
+    """sdpo's `feedback_with_demo` came with a default that changes what the
+    teacher sees: a run recorded before it did the opposite, so resuming it under the new
+    default is refused by name, and resuming with the old value is the same run."""
+    run = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
+    config = registry.validate_method_params("sdpo", run.method.params).model_dump(mode="json")
+    assert config["feedback_with_demo"] is False
+    old = copy.deepcopy(run_identity(run, config))
+    del old["method_config"]["feedback_with_demo"]
+    _write(tmp_path / "run", old)
+    with pytest.raises(RunDirError, match="method_config.feedback_with_demo: true there, "
+                                          "false now"):
+        check_run_dir(tmp_path / "run", run_identity(run, config), resume=True)
+    as_before = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run", overrides=[
+        "method.feedback_with_demo=true"])
+    before_config = registry.validate_method_params(
+        "sdpo", as_before.method.params).model_dump(mode="json")
+    assert check_run_dir(tmp_path / "run", run_identity(as_before, before_config),
+                         resume=True) is None
+
+
 def test_a_changed_budget_is_named_not_hashed(tmp_path: Path) -> None:
     run, config = _run(tmp_path)
     _write(tmp_path / "run", run_identity(run, config))

@@ -118,10 +118,19 @@ def test_plan_contexts_mask_feedback_and_reference():
     assert [c.source for c in plan] == ["none", "sibling", "sibling"]
     assert [c.active for c in plan] == [False, True, True]
     assert plan[0].messages == PROMPT  # only self succeeded, no feedback -> no loss
-    assert plan[1].demonstration == "Answer: 37" and plan[1].feedback == "36 is wrong"
-    assert plan[2].feedback is None  # empty feedback is no feedback
-    off = tm.plan_teacher_contexts(PROMPT, rewards, texts, feedbacks, use_feedback=False)
-    assert off[1].feedback is None
+    # the reference config gives feedback only to a rollout without a demonstration
+    assert plan[1].demonstration == "Answer: 37" and plan[1].feedback is None
+    both = tm.plan_teacher_contexts(PROMPT, rewards, texts, feedbacks,
+                                    feedback_with_demo=True)
+    assert both[1].demonstration == "Answer: 37" and both[1].feedback == "36 is wrong"
+    assert both[2].feedback is None  # empty feedback is no feedback
+    alone = tm.plan_teacher_contexts(PROMPT, [0.0, 0.0], ["Answer: 36", "x"],
+                                     ["36 is wrong", None])
+    assert alone[0].demonstration is None and alone[0].feedback == "36 is wrong"
+    assert alone[0].active and not alone[1].active
+    off = tm.plan_teacher_contexts(PROMPT, [0.0, 0.0], ["Answer: 36", "x"],
+                                   ["36 is wrong", None], use_feedback=False)
+    assert off[0].feedback is None and not off[0].active
     with_ref = tm.plan_teacher_contexts(PROMPT, rewards, texts, feedbacks,
                                         reference="14 + 23 = 37.\nAnswer: 37")
     assert with_ref[0].source == "reference" and with_ref[0].active

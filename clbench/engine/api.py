@@ -24,10 +24,28 @@ if TYPE_CHECKING:  # heavy imports only for type checkers
     from clbench.tasks.base import Example, TaskSource
 
 
+#: Key of a field's `json_schema_extra` for a field added to a config after runs were recorded
+#: without it, when its default does not do what those runs did: the value that does. A stored
+#: run then reads with that value, so resuming it under the new default is refused with the
+#: difference named, instead of silently changing the method halfway through the run.
+VALUE_BEFORE_FIELD = "value_before_this_field"
+
+
 class MethodConfig(BaseModel):
     """Base of every method's config. Fields must carry descriptions (they are the CLI help)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @classmethod
+    def as_recorded(cls, params: dict[str, Any] | None) -> dict[str, Any]:
+        """`params` written by an earlier version, with each field added since that changed
+        behaviour set to its value from before (see :data:`VALUE_BEFORE_FIELD`)."""
+        out = dict(params or {})
+        for name, info in cls.model_fields.items():
+            extra = info.json_schema_extra
+            if name not in out and isinstance(extra, dict) and VALUE_BEFORE_FIELD in extra:
+                out[name] = extra[VALUE_BEFORE_FIELD]
+        return out
 
 
 @dataclass

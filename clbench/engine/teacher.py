@@ -2,8 +2,9 @@
 
 Context. The teacher is the model re-prompted with privileged information: a successful sibling
 rollout of the same prompt (a demonstration) and/or the verifier's feedback on the rollout. It
-scores the student's own completion under that prompt. Templates are the reference code's
-(lasgroup/SDPO and its SDPO-CL fork, TRL's ``SDPOConfig`` defaults), character for character.
+scores the student's own completion under that prompt. Templates are TRL's ``SDPOConfig``
+defaults and lasgroup/SDPO's config-class defaults, character for character (its YAML config
+writes them as `|-` blocks, which drop the trailing newlines; docs/methods.md).
 A prompt over the length limit has its privileged text cut (:func:`fit_teacher_context`).
 
 Weights. :class:`TeacherWeights` keeps the network that plays the teacher, always built from the
@@ -46,8 +47,8 @@ if TYPE_CHECKING:
 TeacherMode = Literal["frozen", "ema", "live", "refresh"]
 TEACHER_MODES: tuple[str, ...] = ("frozen", "ema", "live", "refresh")
 
-# The reference templates. The reprompt ends with a newline in both lasgroup/SDPO's verl config
-# and TRL's SDPOConfig.
+# The reference templates, with the final newline of TRL's SDPOConfig and lasgroup/SDPO's config
+# class (the YAML that lasgroup/SDPO's scripts load drops it, and the sections' trailing "\n\n").
 SOLUTION_TEMPLATE = "\nCorrect solution:\n\n{demonstration}\n\n"
 FEEDBACK_TEMPLATE = ("\nThe following is feedback from your unsuccessful earlier attempt:\n\n"
                      "{feedback}\n\n")
@@ -140,6 +141,7 @@ class TeacherContext:
 def plan_teacher_contexts(prompt_messages: Messages, rewards: Sequence[float],
                           texts: Sequence[str], feedbacks: Sequence[str | None] | None = None, *,
                           threshold: float = 0.5, use_feedback: bool = True,
+                          feedback_with_demo: bool = False,
                           reference: str | None = None,
                           strip_reasoning: bool = True) -> list[TeacherContext]:
     """Teacher contexts of the n rollouts of one prompt.
@@ -148,8 +150,10 @@ def plan_teacher_contexts(prompt_messages: Messages, rewards: Sequence[float],
       (:func:`select_demonstrations`); when there is none and `reference` is given (the task's
       reference solution, opt-in privileged context), the reference;
     - feedback: the verifier's feedback on this rollout, used when `use_feedback` is on, the
-      feedback is non-empty and the rollout itself failed (reward < `threshold`: the template
-      calls it an "unsuccessful earlier attempt").
+      feedback is non-empty, the rollout itself failed (reward < `threshold`: the template
+      calls it an "unsuccessful earlier attempt") and, unless `feedback_with_demo`,
+      it has no demonstration (the reference config's
+      `environment_feedback_only_without_solution`).
     """
     demos = select_demonstrations(rewards, texts, threshold)
     feedbacks = list(feedbacks) if feedbacks is not None else [None] * len(texts)
@@ -162,7 +166,8 @@ def plan_teacher_contexts(prompt_messages: Messages, rewards: Sequence[float],
             demo, source = reference, "reference"
         if demo is not None and strip_reasoning:
             demo = remove_reasoning(demo)
-        used_fb = fb if (use_feedback and fb and fb.strip() and reward < threshold) else None
+        wanted = use_feedback and (demo is None or feedback_with_demo)
+        used_fb = fb if (wanted and fb and fb.strip() and reward < threshold) else None
         messages = build_teacher_messages(prompt_messages, demo, used_fb, strip_reasoning=False)
         out.append(TeacherContext(messages, demo, used_fb, source))
     return out
