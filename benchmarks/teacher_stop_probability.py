@@ -1,8 +1,9 @@
 """How likely the SDPO teacher is to stop right after a correct answer, against the student.
 
-Scores the reference solutions of the starter suite's math task under three contexts of the
+Scores the reference solutions of the starter suite's math task under four contexts of the
 embedded model: the student's own prompt, the SDPO teacher prompt with that solution as the
-demonstration, and the teacher prompt with verifier feedback only. SDPO supervises the end-of-
+demonstration, the teacher prompt with verifier feedback only, and with both (which the teacher
+sees only under `feedback_with_demo: true`). SDPO supervises the end-of-
 sequence token of every response, so a teacher that stops less often than the student trains the
 student to keep talking after its answer (docs/results-starter.md).
 
@@ -37,6 +38,8 @@ def main() -> None:
                                                                     None),
         "teacher, feedback only": lambda ex: build_teacher_messages(
             ex.messages, None, "Your answer 1 is wrong."),
+        "teacher, both": lambda ex: build_teacher_messages(  # feedback_with_demo: true
+            ex.messages, ex.reference, "Your answer 1 is wrong."),
     }
     for name, make in contexts.items():
         probs = []
