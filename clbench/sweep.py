@@ -323,10 +323,31 @@ def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
     return [c for c in children if c.state != "complete"]
 
 
+def stage_news(children: Sequence[Child], said: dict[int, str]) -> list[str]:
+    """A line for each running child whose count of finished stages changed since `said` (what
+    was last said, by position; updated), for a console where the live table is not drawn."""
+    lines = []
+    for i, child in enumerate(children):
+        if child.state != "running":
+            continue
+        done = child.stages_done()
+        if said.setdefault(i, done) == done:
+            continue
+        said[i] = done
+        stage, total = done.split("/")
+        what = "row 0 (base model) evaluated" if stage == "0" else f"stage {stage}/{total} done"
+        lines.append(f"{child.name}: {what}, {child.elapsed()} since it started")
+    return lines
+
+
 def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, console: Console,
                live: Live) -> None:
     waiting = list(children)
+    said: dict[int, str] = {}
     while True:
+        if not console.is_terminal:  # no live table there: say each finished stage instead
+            for line in stage_news(children, said):
+                console.print(escape(line), soft_wrap=True, highlight=False)
         for child in children:
             if child.state == "running" and child.process is not None:
                 code = child.process.poll()

@@ -355,3 +355,31 @@ def test_sigterm_stops_every_child_and_exits_143(tmp_path: Path) -> None:
         assert result.status == "partial" and len(result.matrix) == 2  # stage 1 kept
         log = (root / "logs" / f"sft-s{seed}.log").read_text()
         assert "terminated; row 0 and stage 1 are saved" in log
+
+
+def test_a_sweep_without_a_terminal_says_each_finished_stage(tmp_path: Path) -> None:
+    """Where the live table is not drawn (a log file), a line says when a run's row 0 or a
+    stage is done; nothing is said twice, nor for runs that are not running."""
+    import json
+    from types import SimpleNamespace
+
+    from clbench.sweep import Child, stage_news
+
+    def child(seed: int, rows: int | None, state: str = "running") -> Child:
+        out = tmp_path / f"s{seed}"
+        out.mkdir()
+        if rows is not None:
+            (out / "results.json").write_text(json.dumps({"matrix": [[0.5]] * rows}))
+        run = SimpleNamespace(method=SimpleNamespace(name="grpo"), seed=seed, out_dir=str(out),
+                              suite=SimpleNamespace(stages=[1, 2, 3]))
+        return Child(run, out / "log", state=state, started=0.0)  # type: ignore[arg-type]
+
+    children = [child(0, None), child(1, 2), child(2, 4, state="complete")]
+    said: dict[int, str] = {}
+    assert stage_news(children, said) == []  # the first look only notes where they are
+    (tmp_path / "s0" / "results.json").write_text(json.dumps({"matrix": [[0.5]]}))
+    (tmp_path / "s1" / "results.json").write_text(json.dumps({"matrix": [[0.5]] * 3}))
+    news = stage_news(children, said)
+    assert [line.split(",")[0] for line in news] == [
+        "grpo seed 0: row 0 (base model) evaluated", "grpo seed 1: stage 2/3 done"]
+    assert stage_news(children, said) == []
