@@ -272,6 +272,9 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     train_model = dist.prepare_student(model)  # once per run: DDP keeps its buffers
     plans = items.plans
     result = previous or new_result(run, method_config)
+    # every setting as this session runs it (fields added since the run began included: the
+    # run directory's check made sure they do what the run did)
+    result.method.config = method_config
     result.status, result.error = "partial", None  # a failed run that is resumed is partial again
     done = max(0, len(result.matrix) - 1)
     if done:

@@ -56,6 +56,8 @@ def compute_summary(result: RunResult) -> str:
     """What the run cost so far, in one line: wall time (summed over resumed sessions), device,
     peak memory, optimizer steps and tokens."""
     c = result.compute
+    if not c.device and not c.wall_time_s:
+        return "not recorded"
     hours = f" ({c.wall_time_s / 3600:.1f} h)" if c.wall_time_s >= 3600 else ""
     parts = [f"{c.wall_time_s:,.0f} s{hours} on {c.device or 'an unrecorded device'}"]
     if c.peak_memory_bytes:
@@ -82,11 +84,15 @@ def print_summary(console: Console, result: RunResult) -> None:
     table = Table(title="metrics (single run: n = 1)")
     for col in ("metric", "value", "variant"):
         table.add_column(col)
-    for name in metric_order(result.metrics):
-        m = result.metrics[name]
-        arrow = "↑" if m.higher_is_better else "↓"
-        table.add_row(f"{name} {arrow}", _fmt(m.value), m.variant or "")
+    for row in metric_rows(result):
+        table.add_row(*row)
     console.print(table)
+
+
+def metric_rows(result: RunResult) -> list[list[str]]:
+    """`[metric ↑/↓, value, variant]` of each metric of one run, headline metrics first."""
+    return [[f"{name} {'↑' if m.higher_is_better else '↓'}", _fmt(m.value), m.variant or ""]
+            for name, m in ((n, result.metrics[n]) for n in metric_order(result.metrics))]
 
 
 def collect_results(run_dirs: Sequence[str | Path],
@@ -131,37 +137,85 @@ def _suite_hash(result: RunResult) -> str:
         return result.suite_hash
 
 
-def comparison(results: Sequence[RunResult]) -> dict[str, Any]:
-    """Mean ± std over seeds of every headline metric, per (suite, method)."""
-    from clbench.metrics.aggregate import aggregate_over_seeds
+def comparison(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
+    """Mean ± std over seeds of every headline metric, per suite and method setting.
 
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in results:
+    Runs of one method under different settings (e.g. another `lr`) are compared apart, each
+    labelled with the settings that tell it apart; settings are read as the installed method
+    reads them, so a run from before a field was added groups by what it did. A run found twice
+    (the same results in two places) counts once; two different runs of one seed are refused."""
+    from clbench.metrics.aggregate import aggregate_over_seeds
+    from clbench.rundir import method_config_as_read
+
+    entries = []
+    configs: dict[tuple[str, str], dict[str, Any]] = {}
+    for where, r in found:
         if r.status != "complete":
             continue
-        key = f"{r.suite.get('name')}:{_suite_hash(r)[:15]}"
-        groups.setdefault(key, []).append({
-            "method": r.method.name, "seed": r.seed,
+        suite = f"{r.suite.get('name')}:{_suite_hash(r)[:15]}"
+        config = method_config_as_read(r.method.name, r.method.config)
+        key = json.dumps(config, sort_keys=True, default=str)
+        configs.setdefault((suite, r.method.name), {})[key] = config
+        entries.append((suite, key, where, r))
+    groups: dict[str, list[dict[str, Any]]] = {}
+    seen: dict[tuple[str, str, int], tuple[Path, RunResult]] = {}
+    for suite, key, where, r in entries:
+        label = _setting_label(r.method.name, key, configs[(suite, r.method.name)])
+        if (suite, label, r.seed) in seen:
+            first, earlier = seen[(suite, label, r.seed)]
+            if earlier.model_dump() == r.model_dump():
+                continue  # one run, found in two places
+            raise UserError(f"two different runs of {label} seed {r.seed}: {first} and "
+                            f"{where}; name one of them")
+        seen[(suite, label, r.seed)] = (where, r)
+        groups.setdefault(suite, []).append({
+            "method": label, "seed": r.seed,
             "metrics": {k: {"value": v.value} for k, v in r.metrics.items()}})
     return {suite: {method: {name: s.as_dict() for name, s in metrics.items()}
                     for method, metrics in aggregate_over_seeds(runs).items()}
             for suite, runs in groups.items()}
 
 
+def _setting_label(name: str, key: str, configs: dict[str, Any]) -> str:
+    """`sdpo`, or `sdpo (lr=1e-06)` when runs of `sdpo` differ in settings: the settings of
+    the run with config `key` that are not the same in all of them."""
+    if len(configs) < 2 or not all(isinstance(c, dict) for c in configs.values()):
+        return name if len(configs) < 2 else f"{name} (settings {key[:12]})"
+    fields = sorted({f for c in configs.values() for f in c})
+    differing = [f for f in fields
+                 if len({json.dumps(c.get(f), sort_keys=True) for c in configs.values()}) > 1]
+    mine = configs[key]
+    return f"{name} (" + ", ".join(f"{f}={json.dumps(mine.get(f))}" for f in differing) + ")"
+
+
+def comparison_tables(table_data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of each suite's comparison; two suites of one name (e.g. one run
+    with a changed decoding batch) are told apart by their hash."""
+    from clbench.metrics.aggregate import SeedSummary
+
+    names = [suite.split(":")[0] for suite in table_data]
+    tables = []
+    for suite, methods in table_data.items():
+        name, digest = suite.split(":", 1) if ":" in suite else (suite, "")
+        title = name if names.count(name) == 1 else f"{name} [{digest}]"
+        metrics_shown = metric_order({n for metrics in methods.values() for n in metrics})
+        rows = [[method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
+                           for n in metrics_shown]] for method, metrics in sorted(methods.items())]
+        tables.append((f"{title}: mean ± std over seeds (n = seeds)", ["method", *metrics_shown],
+                       rows))
+    return tables
+
+
 def print_comparison(console: Console, table_data: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from clbench.metrics.aggregate import SeedSummary
-
-    for suite, methods in table_data.items():
-        names = metric_order({n for metrics in methods.values() for n in metrics})
-        table = Table(title=f"{suite.split(':')[0]}: mean ± std over seeds (n = seeds)")
-        table.add_column("method", style="bold")
-        for n in names:
+    for title, header, rows in comparison_tables(table_data):
+        table = Table(title=escape(title))
+        table.add_column(header[0], style="bold")
+        for n in header[1:]:
             table.add_column(n, justify="right")
-        for method, metrics in sorted(methods.items()):
-            table.add_row(method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
-                                    for n in names])
+        for row in rows:
+            table.add_row(*map(escape, row))
         console.print(table)
 
 
@@ -177,15 +231,14 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
                       "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
                       "metrics": {k: v.value for k, v in r.metrics.items()}}
                      for d, r in found],
-            "comparison": comparison([r for _, r in found])}
+            "comparison": comparison(found)}
     if skipped:
         data["skipped"] = skipped
     if as_json:
         console.print_json(json.dumps(data))
         return data
     if as_markdown:
-        console.print(markdown_report([r for _, r in found], data["comparison"], skipped),
-                      markup=False, highlight=False, soft_wrap=True)
+        console.file.write(markdown_report(found, data["comparison"], skipped))
         return data
     for reason in skipped:
         console.print(f"[yellow]left out: {escape(reason)}[/]", soft_wrap=True)
@@ -202,52 +255,48 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
 def _md_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
               right: Sequence[int] | None = None) -> list[str]:
     """A GitHub-flavoured Markdown table; the `right` columns (default: all but the first) are
-    right-aligned."""
+    right-aligned. A `|` in a cell is escaped and a line break becomes a space."""
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+        return "| " + " | ".join(" ".join(c.replace("|", "\\|").splitlines()) for c in cells) \
+            + " |"
 
     right = range(1, len(headers)) if right is None else right
     rule = ["---:" if i in right else "---" for i in range(len(headers))]
     return [line(headers), "|" + "|".join(rule) + "|", *map(line, rows)]
 
 
-def markdown_report(results: Sequence[RunResult], table_data: dict[str, Any],
+def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[str, Any],
                     skipped: Sequence[str] = ()) -> str:
-    """`clbench report --markdown`: each run's R and metrics, then the comparison over seeds.
-    R's cells are scores; the item count of each column is said under the table (a cell
+    """`clbench report --markdown`: each run's R, compute and metrics, then the comparison over
+    seeds. R's cells are scores; the item count of each column is said under the table (a cell
     whose count differs from its column's says it in the cell)."""
-    from clbench.metrics.aggregate import SeedSummary
-
     out: list[str] = [f"> left out: {reason}" for reason in skipped]
-    for r in results:
-        counts = [max((row[i].n for row in r.matrix if row[i] is not None), default=0)
-                  for i in range(len(r.columns))]
-
-        def cell(c: Any, n: int) -> str:
-            return "—" if c is None else _fmt(c.score) + ("" if c.n == n else f" (n={c.n})")
-
+    for where, r in found:
         out += ["", f"### R: {r.suite.get('name')} / {r.method.name} / seed {r.seed} "
-                    f"({r.status})", ""]
-        out += _md_table(["after", *[f"{c.name} ({c.kind})" for c in r.columns]],
-                         ([label, *[cell(c, n) for c, n in zip(row, counts)]]
-                          for label, row in zip(r.row_labels, r.matrix)))
-        out += ["", "Items per cell: " + ", ".join(f"{c.name} {n}"
-                                                   for c, n in zip(r.columns, counts)) + ".",
-                "", f"Compute: {compute_summary(r)}."]
+                    f"({r.status}), `{where}`", ""]
+        if not r.matrix or not r.columns:
+            out += ["No row of R yet." if r.columns else "No columns."]
+        else:
+            counts = [max((row[i].n for row in r.matrix if row[i] is not None), default=0)
+                      for i in range(len(r.columns))]
+
+            def cell(c: Any, n: int) -> str:
+                return "—" if c is None else _fmt(c.score) + ("" if c.n == n else f" (n={c.n})")
+
+            out += _md_table(["after", *[f"{c.name} ({c.kind})" for c in r.columns]],
+                             ([label, *[cell(c, n) for c, n in zip(row, counts)]]
+                              for label, row in zip(r.row_labels, r.matrix)))
+            out += ["", "Items per cell: " + ", ".join(
+                f"{c.name} {n}" for c, n in zip(r.columns, counts)) + "."]
+        out += ["", f"Compute: {compute_summary(r)}."]
         if r.metrics:
-            out += ["", *_md_table(["metric (n = 1)", "value", "variant"], (
-                [f"{name} {'↑' if m.higher_is_better else '↓'}", _fmt(m.value), m.variant or ""]
-                for name, m in ((n, r.metrics[n]) for n in metric_order(r.metrics))),
-                right=[1])]
-    incomplete = [f"{r.method.name} seed {r.seed}" for r in results if r.status != "complete"]
+            out += ["", *_md_table(["metric (n = 1)", "value", "variant"], metric_rows(r),
+                                   right=[1])]
+    incomplete = [str(d) for d, r in found if r.status != "complete"]
     if incomplete:
         out += ["", f"Not complete (left out of the comparison): {', '.join(incomplete)}."]
-    for suite, methods in table_data.items():
-        names = metric_order({n for metrics in methods.values() for n in metrics})
-        out += ["", f"### {suite.split(':')[0]}: mean ± std over seeds (n = seeds)", ""]
-        out += _md_table(["method", *names], (
-            [method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
-                       for n in names]] for method, metrics in sorted(methods.items())))
+    for title, header, rows in comparison_tables(table_data):
+        out += ["", f"### {title}", "", *_md_table(header, rows)]
     return "\n".join(out).strip() + "\n"
 
 

@@ -49,16 +49,17 @@ def run_identity(run: RunSpec, method_config: dict[str, Any]) -> dict[str, Any]:
             "model": run.model.model_dump(mode="json"), "seed": run.seed}
 
 
-def current_reading(identity: dict[str, Any], run_dir: Path | None = None) -> dict[str, Any]:
+def current_reading(identity: dict[str, Any], run_dir: Path | None = None,
+                    stored: bool = True) -> dict[str, Any]:
     """`identity` as the current schemas read it: suite, model and method config re-validated,
-    so fields added since it was written appear at their defaults. A part that no longer
+    so fields added since it was written appear at their defaults, except a method field whose
+    default changed what the method does: a `stored` identity (one written by a run) reads the
+    value from before it (:func:`clbench.engine.api.config_as_recorded`). A part that no longer
     validates is kept as written (it then differs, which is the truth).
 
     Identities written before the suite itself was stored only have its hash; the suite is then
     taken from the run's results.json when there is one."""
     from pydantic import ValidationError
-
-    from clbench import registry
 
     out = dict(identity)
     suite = identity.get("suite_spec")
@@ -76,13 +77,25 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None) -> di
             out["suite_spec"] = suite
     with contextlib.suppress(ValidationError):  # kept as written (see above)
         out["model"] = ModelSpec.model_validate(identity.get("model")).model_dump(mode="json")
-    with contextlib.suppress(UserError):  # an unknown method or a config it no longer takes
-        name = identity.get("method", "")
-        recorded = registry.load_method_class(name).Config.as_recorded(
-            identity.get("method_config"))
-        out["method_config"] = registry.validate_method_params(name, recorded).model_dump(
-            mode="json")
+    out["method_config"] = method_config_as_read(identity.get("method", ""),
+                                                 identity.get("method_config"), stored)
     return out
+
+
+def method_config_as_read(name: str, config: Any, stored: bool = True) -> Any:
+    """A method config as the installed method reads it: every field, those added since at
+    their defaults or, for a `stored` config (written by a run), at the value that does what
+    the run did (:func:`clbench.engine.api.config_as_recorded`). As written when the method is
+    not installed or no longer takes it."""
+    from clbench import registry
+    from clbench.engine.api import config_as_recorded
+
+    try:
+        if stored:
+            config = config_as_recorded(registry.load_method_class(name).Config, config)
+        return registry.validate_method_params(name, config).model_dump(mode="json")
+    except UserError:  # an unknown method or a config it no longer takes
+        return config
 
 
 def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool,
@@ -112,14 +125,15 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool,
     # The suite is compared field by field when both sides have it, else by its hash alone.
     drop = "suite_hash" if "suite_spec" in found else "suite_spec"
     diffs = _differences({k: v for k, v in found.items() if k != drop},
-                         {k: v for k, v in current_reading(identity).items() if k != drop})
+                         {k: v for k, v in current_reading(identity, stored=False).items()
+                          if k != drop})
     if diffs:
         detail = "; ".join(f"{path}: {_short(there)} there, {_short(now)} now"
                            for path, there, now in diffs[:4])
         more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
         hint = "" if locked_by_us else _start_over_hint(run_dir)
         raise RunDirError(f"{run_dir} holds another run ({detail}{more}); "
-                          f"{hint}choose another --out")
+                          f"{_method_sets_hint(stored, diffs)}{hint}choose another --out")
     if not resume:
         if not locked_by_us and lock_is_held(run_dir / LOCK_FILE):
             # "pass --resume" would only lead to the lock's refusal
@@ -202,6 +216,32 @@ def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any
         return [d for i, (a, b) in enumerate(zip(found, wanted))
                 for d in _differences(a, b, f"{path}[{i}]")]
     return [] if found == wanted else [(path, found, wanted)]
+
+
+def _method_sets_hint(stored: dict[str, Any], diffs: list[tuple[str, Any, Any]]) -> str:
+    """When only method settings differ, the `--set`s that continue the stored run, noting a
+    setting the run did not record because it predates the field."""
+    prefix = "method_config."
+    if not all(path.startswith(prefix) and there != "(absent)" for path, there, _ in diffs):
+        return ""
+    from clbench import registry
+    from clbench.engine.api import fields_before
+
+    try:
+        unrecorded = set(fields_before(registry.load_method_class(stored.get("method", "")).Config,
+                                       stored.get("method_config")))
+    except UserError:
+        unrecorded = set()
+    sets = []
+    for path, there, _ in diffs:
+        field = path[len(prefix):]
+        value = there if isinstance(there, str) else json.dumps(there)
+        sets.append(f"--set method.{field}={value}")
+    note = ""
+    if unrecorded & {path[len(prefix):] for path, _, _ in diffs}:
+        note = (" (a setting this run predates and did not record: runs before it was added "
+                "behaved as shown 'there')")
+    return f"to continue it, add {' '.join(sets)}{note}; or "
 
 
 def _short(value: Any) -> str:

@@ -106,7 +106,7 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
                                threads=threads_per_child(device, min(jobs, len(pending))))
         incomplete = run_as_children(pending, launch, jobs, console)
     dirs = [Path(r.out_dir) for r in runs if (Path(r.out_dir) / RESULTS_FILENAME).is_file()]
-    data = comparison([r for _, r in collect_results(dirs)])
+    data = comparison(collect_results(dirs))
     print_comparison(console, data)
     if incomplete:
         report_failures(incomplete, len(runs), console)

@@ -344,6 +344,14 @@ def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
     acc = result.metrics["acc"].value
     assert f"| acc ↑ | {acc:.3f} | {result.metrics['acc'].variant} |" in lines
     assert any(line.startswith(f"| test.echo-sft | {acc:.3f} (n=1) |") for line in lines)
+    from clbench.reporting import markdown_report
+
+    odd = result.model_copy(deep=True)  # names a table must not break on
+    odd.columns[0].name, odd.row_labels[0] = "a|b\nc", "base\nline"
+    text = markdown_report([(root, odd)], {})
+    assert "| base line | " in text and "| after | a\\|b c (" in text
+    odd.matrix, odd.row_labels = [], []
+    assert "No row of R yet." in markdown_report([(root, odd)], {})
     both = run_cli(["report", str(root), "--markdown", "--json"])
     assert both.exit_code == 2 and "--json and --markdown: choose one" in both.output
     bad = run_cli(["sweep", "--suite", str(suite), "--methods", "test.echo-sft",

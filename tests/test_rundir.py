@@ -77,15 +77,32 @@ def test_a_field_that_changed_the_method_reads_as_it_was_in_older_runs(tmp_path:
     old = copy.deepcopy(run_identity(run, config))
     del old["method_config"]["feedback_with_demo"]
     _write(tmp_path / "run", old)
-    with pytest.raises(RunDirError, match="method_config.feedback_with_demo: true there, "
-                                          "false now"):
+    with pytest.raises(RunDirError) as refused:
         check_run_dir(tmp_path / "run", run_identity(run, config), resume=True)
+    message = str(refused.value)
+    assert "method_config.feedback_with_demo: true there, false now" in message
+    assert "to continue it, add --set method.feedback_with_demo=true (a setting this run " \
+        "predates and did not record" in message
     as_before = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run", overrides=[
         "method.feedback_with_demo=true"])
     before_config = registry.validate_method_params(
         "sdpo", as_before.method.params).model_dump(mode="json")
     assert check_run_dir(tmp_path / "run", run_identity(as_before, before_config),
                          resume=True) is None
+
+
+@pytest.mark.parametrize("config", ["abc", [1, 2], 5, None])
+def test_a_damaged_stored_method_config_is_a_difference_not_a_crash(tmp_path: Path,
+                                                                    config: Any) -> None:
+    run = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
+    now = run_identity(run, registry.validate_method_params("sdpo", None).model_dump(mode="json"))
+    _write(tmp_path / "run", {**now, "method_config": config})
+    if config is None:  # no settings recorded: the defaults, with the values from before
+        match = "method_config.feedback_with_demo: true there"
+    else:
+        match = "method_config: .* there"
+    with pytest.raises(RunDirError, match=match):
+        check_run_dir(tmp_path / "run", now, resume=True)
 
 
 def test_a_changed_budget_is_named_not_hashed(tmp_path: Path) -> None:
@@ -129,11 +146,45 @@ def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_pat
     older = results[0]
     del older.suite["model"]["mixed_precision"]
     older.suite_hash = _old_hash(older.suite)
-    table = comparison(results)
+    table = comparison([(tmp_path / f"s{r.seed}", r) for r in results])
     assert len(table) == 1  # one suite, not two
     (methods,) = table.values()
     summary = methods["sft"]["acc"]
     assert summary["n"] == 2 and summary["mean"] == pytest.approx(0.6)
+
+
+def test_runs_of_one_method_under_other_settings_are_compared_apart(tmp_path: Path) -> None:
+    """Seeds of `sdpo` at two settings are two rows, each named by what tells it apart; a run
+    from before `feedback_with_demo` existed groups with runs that set it as it behaved; the
+    same run found twice counts once, and two different runs of one seed are refused."""
+    from clbench.errors import UserError
+    from clbench.reporting import comparison
+    from clbench.results import MetricValue
+
+    run = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
+    default = registry.validate_method_params("sdpo", None).model_dump(mode="json")
+    older = {k: v for k, v in default.items() if k != "feedback_with_demo"}  # before the field
+
+    def result(seed: int, config: dict, acc: float):
+        r = new_result(run.model_copy(update={"seed": seed}), config)
+        r.status, r.metrics = "complete", {"acc": MetricValue(value=acc)}
+        return r
+
+    a0 = result(0, default, 0.5)
+    found = [(tmp_path / "a0", a0), (tmp_path / "a1", result(1, default, 0.7)),
+             (tmp_path / "b0", result(0, older, 0.1)),
+             (tmp_path / "b1", result(1, {**default, "feedback_with_demo": True}, 0.3)),
+             (tmp_path / "copy-of-a0.json", a0.model_copy(deep=True))]
+    (methods,) = comparison(found).values()
+    assert sorted(methods) == ["sdpo (feedback_with_demo=false)", "sdpo (feedback_with_demo=true)"]
+    assert methods["sdpo (feedback_with_demo=false)"]["acc"]["mean"] == pytest.approx(0.6)
+    assert methods["sdpo (feedback_with_demo=true)"]["acc"]["mean"] == pytest.approx(0.2)
+    assert methods["sdpo (feedback_with_demo=false)"]["acc"]["n"] == 2  # the copy counts once
+    with pytest.raises(UserError, match=r"two different runs of sdpo \(feedback_with_demo=false"
+                                        r"\) seed 0: .*a0 and .*other"):
+        comparison(found + [(tmp_path / "other", result(0, default, 0.9))])
+    (alone,) = comparison(found[:2]).values()
+    assert list(alone) == ["sdpo"]  # one setting: the plain name
 
 
 def test_rewording_the_description_is_the_same_suite_and_run(tmp_path: Path) -> None:

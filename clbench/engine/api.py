@@ -36,16 +36,30 @@ class MethodConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    @classmethod
-    def as_recorded(cls, params: dict[str, Any] | None) -> dict[str, Any]:
-        """`params` written by an earlier version, with each field added since that changed
-        behaviour set to its value from before (see :data:`VALUE_BEFORE_FIELD`)."""
-        out = dict(params or {})
-        for name, info in cls.model_fields.items():
-            extra = info.json_schema_extra
-            if name not in out and isinstance(extra, dict) and VALUE_BEFORE_FIELD in extra:
-                out[name] = extra[VALUE_BEFORE_FIELD]
-        return out
+
+def config_as_recorded(config_class: type[BaseModel], params: Any) -> Any:
+    """A config written by an earlier version, with each field added since that changed
+    behaviour set to its value from before (see :data:`VALUE_BEFORE_FIELD`); anything but a
+    dict (None: no settings, as in a spec) is returned as it is (validation then says what is
+    wrong with it)."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        return params
+    out = dict(params)
+    for name, info in config_class.model_fields.items():
+        extra = info.json_schema_extra
+        if name not in out and isinstance(extra, dict) and VALUE_BEFORE_FIELD in extra:
+            out[name] = extra[VALUE_BEFORE_FIELD]
+    return out
+
+
+def fields_before(config_class: type[BaseModel], params: Any) -> list[str]:
+    """The fields :func:`config_as_recorded` fills in for `params`."""
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        return []
+    return [name for name in config_as_recorded(config_class, params) if name not in params]
 
 
 @dataclass
