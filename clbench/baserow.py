@@ -165,11 +165,12 @@ def load_or_compute(key: str, column_names: Sequence[str], run_dir: Path,
 
 
 def lookup(key: str, column_names: Sequence[str], run_dir: Path, root: Path | None = None,
-           locked: bool = False) -> list[Cell | None] | None:
+           locked: bool = False, on_wait: Callable[[], None] | None = None,
+           ) -> list[Cell | None] | None:
     """The cached row of `key` with its records copied into `run_dir`, or None."""
     root = root or cache_dir()
     if not locked:
-        with _locked(root, key) as ok:
+        with _locked(root, key, on_wait) as ok:
             return lookup(key, column_names, run_dir, root, locked=True) if ok else None
     entry = root / key
     try:

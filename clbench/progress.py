@@ -9,7 +9,6 @@ and :class:`LineProgress` otherwise; both take the same calls (`add_task`, `adva
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ LINE_INTERVAL_S = 60.0
 def run_progress(console: Console, disable: bool = False) -> AnyProgress:
     """Bars with elapsed time and ETA on a terminal; lines every minute (and when a task
     completes) when the console is a file or a pipe."""
-    if console.is_terminal or disable:
+    if console.is_terminal or console.is_jupyter or disable:
         return Progress(TextColumn("{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=console, transient=True,
@@ -34,8 +33,10 @@ def run_progress(console: Console, disable: bool = False) -> AnyProgress:
     return LineProgress(console)
 
 
-def _clock(seconds: float) -> str:
-    return str(datetime.timedelta(seconds=round(seconds)))
+def clock_time(seconds: float) -> str:
+    """`H:MM:SS` (hours unbounded: `27:00:00`, not `1 day, 3:00:00`)."""
+    whole = max(0, round(seconds))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 @dataclass
@@ -49,12 +50,15 @@ class _Task:
 
 
 class LineProgress:
-    """`Progress`'s calls as plain lines: `stage 1 math: train 5/16, 0:03:12 elapsed, about
-    0:07:02 left`, at most one per task every `interval` seconds, and one when it completes."""
+    """`Progress`'s calls as plain lines: `14:02:51 stage 1 math: train 5/16, 0:03:12 elapsed,
+    about 0:07:02 left` (the time of day first, so a log shows when), at most one per task
+    every `interval` seconds, and one when it completes."""
 
     def __init__(self, console: Console, interval: float = LINE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 time_of_day: Callable[[], str] = lambda: time.strftime("%H:%M:%S")) -> None:
         self.console, self.interval, self.clock = console, interval, clock
+        self.time_of_day = time_of_day
         self.tasks: dict[int, _Task] = {}
 
     def __enter__(self) -> LineProgress:
@@ -77,8 +81,8 @@ class LineProgress:
         finished = task.total is not None and task.completed >= task.total
         if finished or now - task.last_line >= self.interval:
             task.last_line = now
-            self.console.print(escape(self.describe(task, now)), highlight=False,
-                               soft_wrap=True)
+            self.console.print(escape(f"{self.time_of_day()} {self.describe(task, now)}"),
+                               highlight=False, soft_wrap=True)
 
     def remove_task(self, task_id: int) -> None:
         self.tasks.pop(task_id, None)
@@ -88,13 +92,13 @@ class LineProgress:
         """One line: what, how far, how long so far and, from the rate so far, how long left."""
         elapsed = now - task.started
         count = f"{task.completed:g}" + ("" if task.total is None else f"/{task.total:g}")
-        line = f"{task.description} {count}, {_clock(elapsed)} elapsed"
+        line = f"{task.description} {count}, {clock_time(elapsed)} elapsed"
         progressed = task.completed - task.done_at_start
         if task.total is not None and task.completed >= task.total:
             return line + ", done"
         if task.total is not None and progressed > 0:
             left = elapsed / progressed * (task.total - task.completed)
-            line += f", about {_clock(left)} left"
+            line += f", about {clock_time(left)} left"
         return line
 
 

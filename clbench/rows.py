@@ -8,6 +8,7 @@ path, with per-item records saved beside the results. Row 0 goes through the bas
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -129,15 +130,19 @@ def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
     key = baserow.base_row_key(run, plans, result)
     names = [p.name for p in plans]
     def announce_wait() -> None:  # a sweep's other runs start together and share one row 0
-        log.info("row 0: another run is evaluating the same row (key %s); waiting for it", key)
-        console.print("row 0 (base model): another run is evaluating the same row; waiting to "
-                      f"reuse it ({baserow.cache_dir() / key})", soft_wrap=True)
+        log.info("row 0: another run holds the cache entry of the same row (key %s), "
+                 "evaluating or copying it; waiting for it", key)
+        with contextlib.suppress(OSError):  # a closed stdout must not disable the cache
+            console.print("row 0 (base model): another run is evaluating (or copying) the same "
+                          f"row; waiting to reuse it ({baserow.cache_dir() / key})",
+                          soft_wrap=True)
 
     if dist.num_processes == 1:
         cells, reused = baserow.load_or_compute(key, names, run_dir, compute,
                                                 on_wait=announce_wait)
     else:
-        found = dist.broadcast(baserow.lookup(key, names, run_dir) if dist.is_main else None)
+        found = dist.broadcast(baserow.lookup(key, names, run_dir, on_wait=announce_wait)
+                               if dist.is_main else None)
         reused = found is not None
         cells = found if found is not None else compute()
         if dist.is_main and not reused:

@@ -37,6 +37,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clbench import registry
+from clbench.progress import clock_time
 from clbench.errors import (
     Terminated,
     UserError,
@@ -260,21 +261,25 @@ class Child:
         stopped = stopped or code in (130, Terminated.exit_code, -signal.SIGTERM, -signal.SIGINT)
         self.state = "complete" if code == 0 else "interrupted" if stopped else "failed"
 
-    def stages_done(self) -> str:
-        """`done/T` from results.json (row 0 is the base model), `-/T` before row 0 exists."""
-        total = len(self.run.suite.stages)
+    def rows_done(self) -> int | None:
+        """Complete rows of R in results.json (row 0 is the base model), None while there is no
+        readable one (not written yet: it is written atomically, never half)."""
         try:
             path = Path(self.run.out_dir) / RESULTS_FILENAME
-            result = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):  # not written yet (written atomically, never half)
-            return f"-/{total}"
-        return f"{max(0, len(result.get('matrix', [])) - 1)}/{total}"
+            matrix = json.loads(path.read_text(encoding="utf-8")).get("matrix")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return len(matrix) if isinstance(matrix, list) else None
+
+    def stages_done(self) -> str:
+        """`done/T`, `-/T` before row 0 exists."""
+        rows = self.rows_done()
+        return f"{'-' if not rows else rows - 1}/{len(self.run.suite.stages)}"
 
     def elapsed(self) -> str:
         if self.started is None:
             return ""
-        seconds = int((self.ended or time.monotonic()) - self.started)
-        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        return clock_time((self.ended or time.monotonic()) - self.started)
 
 
 STATE_STYLE = {"waiting": "dim", "running": "cyan", "complete": "green", "failed": "red",
@@ -323,19 +328,21 @@ def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
     return [c for c in children if c.state != "complete"]
 
 
-def stage_news(children: Sequence[Child], said: dict[int, str]) -> list[str]:
-    """A line for each running child whose count of finished stages changed since `said` (what
-    was last said, by position; updated), for a console where the live table is not drawn."""
+def stage_news(children: Sequence[Child], said: dict[int, int]) -> list[str]:
+    """A line for each running child with more complete rows of R than `said` (the rows at its
+    launch or when last said, by position; updated; a child not in it is noted, not announced),
+    for a console where the live table is not drawn."""
     lines = []
     for i, child in enumerate(children):
-        if child.state != "running":
+        rows = child.rows_done() if child.state == "running" else None
+        if rows is None:
             continue
-        done = child.stages_done()
-        if said.setdefault(i, done) == done:
+        before = said.setdefault(i, rows)
+        if rows <= before:
             continue
-        said[i] = done
-        stage, total = done.split("/")
-        what = "row 0 (base model) evaluated" if stage == "0" else f"stage {stage}/{total} done"
+        said[i] = rows
+        total = len(child.run.suite.stages)
+        what = "row 0 (base model) ready" if rows == 1 else f"stage {rows - 1}/{total} done"
         lines.append(f"{child.name}: {what}, {child.elapsed()} since it started")
     return lines
 
@@ -343,7 +350,7 @@ def stage_news(children: Sequence[Child], said: dict[int, str]) -> list[str]:
 def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, console: Console,
                live: Live) -> None:
     waiting = list(children)
-    said: dict[int, str] = {}
+    said: dict[int, int] = {}
     while True:
         if not console.is_terminal:  # no live table there: say each finished stage instead
             for line in stage_news(children, said):
@@ -361,6 +368,7 @@ def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, cons
             with stops_deferred():  # a child that is started is a child that will be stopped
                 child.process = launch.start(child.run)
                 child.state, child.started = "running", time.monotonic()
+            said[children.index(child)] = child.rows_done() or 0  # a resumed run's rows are old
             console.print(f"{escape(child.name)}: started, log {escape(str(child.log_path))}")
         live.update(progress_table(children), refresh=True)
         if not waiting and not any(c.state == "running" for c in children):

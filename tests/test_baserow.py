@@ -169,8 +169,18 @@ def test_a_run_that_finds_row0_being_evaluated_says_so_and_reuses_it(tmp_path: P
     def compute() -> list[Cell | None]:
         raise AssertionError("row 0 was evaluated again")
 
-    cells, reused = baserow.load_or_compute("k", ["a"], tmp_path / "r2", compute, root,
-                                            on_wait=first_run_finishes)
+    import threading
+
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(baserow.load_or_compute(
+        "k", ["a"], tmp_path / "r2", compute, root, on_wait=first_run_finishes)), daemon=True)
+    waiter.start()
+    waiter.join(timeout=30)
+    if waiter.is_alive():  # on_wait never ran: it would have released the first run's lock
+        holder.close()
+        waiter.join(timeout=30)
+        raise AssertionError("the waiting run was not told it waits")
+    ((cells, reused),) = got
     assert waits == ["waited"] and reused and cells == row
     assert (tmp_path / "r2" / "items" / "row0" / "a.jsonl").read_text() == '{"column": "a"}\n'
     _, reused = baserow.load_or_compute("k", ["a"], tmp_path / "r3", compute, root,

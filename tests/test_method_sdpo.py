@@ -227,6 +227,24 @@ class LastLineTask(TaskSource):
         return len(completion) // 2
 
 
+def test_feedback_goes_only_where_there_is_no_demonstration_unless_asked(tmp_path):
+    """Every rollout fails with feedback and has the reference as demonstration: by default the
+    teacher sees the demonstration alone; `feedback_with_demo` gives it both."""
+    fractions = {}
+    for both in (False, True):
+        model, tok = tiny(seed=0)
+        report = SDPO({"lr": 1e-3, "use_reference_solution": True,
+                       "feedback_with_demo": both}).train_stage(
+            toy_context(model, tok, tmp_path / str(both), steps=1, task=LastLineTask()))
+        step = report.steps[0]
+        fractions[both] = (step["demo_fraction"], step["feedback_fraction"])
+    assert fractions == {False: (1.0, 0.0), True: (1.0, 1.0)}
+    model, tok = tiny(seed=0)  # no demonstration: the feedback is the teacher's context
+    step = SDPO({"lr": 1e-3}).train_stage(
+        toy_context(model, tok, tmp_path / "alone", steps=1, task=LastLineTask())).steps[0]
+    assert (step["demo_fraction"], step["feedback_fraction"]) == (0.0, 1.0)
+
+
 def test_answer_supervision_is_sparser_than_cot_and_mask_ratio_thins_it(tmp_path):
     fractions = {}
     for name, method in (("answer", SDPO({"lr": 1e-3})), ("all", SDPOCoT({"lr": 1e-3})),

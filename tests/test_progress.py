@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 from rich.progress import Progress
 
-from clbench.progress import LineProgress, run_progress
+from clbench.progress import LineProgress, clock_time, run_progress
 
 
 class FakeClock:
@@ -20,7 +20,8 @@ class FakeClock:
 
 def test_lines_are_rate_limited_and_say_elapsed_time_and_time_left() -> None:
     out, clock = io.StringIO(), FakeClock()
-    progress = LineProgress(Console(file=out, width=200), interval=60, clock=clock)
+    progress = LineProgress(Console(file=out, width=200), interval=60, clock=clock,
+                            time_of_day=lambda: "14:02:51")
     with progress:
         task = progress.add_task("stage 1 math: train", total=16)
         clock.now += 30
@@ -32,18 +33,19 @@ def test_lines_are_rate_limited_and_say_elapsed_time_and_time_left() -> None:
         clock.now += 5
         progress.advance(task)  # the last one: always said
     assert out.getvalue().splitlines() == [
-        "stage 1 math: train 2/16, 0:01:00 elapsed, about 0:07:00 left",
-        "stage 1 math: train 16/16, 0:01:15 elapsed, done"]
+        "14:02:51 stage 1 math: train 2/16, 0:01:00 elapsed, about 0:07:00 left",
+        "14:02:51 stage 1 math: train 16/16, 0:01:15 elapsed, done"]
 
 
 def test_time_left_counts_only_what_this_session_did() -> None:
     """A resumed run's stage bar starts at the stages already done; they took no time here."""
     out, clock = io.StringIO(), FakeClock()
-    progress = LineProgress(Console(file=out, width=200), interval=0, clock=clock)
+    progress = LineProgress(Console(file=out, width=200), interval=0, clock=clock,
+                            time_of_day=lambda: "09:00:00")
     stages = progress.add_task("stages", total=3, completed=1)
     clock.now += 600
     progress.advance(stages)
-    assert out.getvalue() == "stages 2/3, 0:10:00 elapsed, about 0:10:00 left\n"
+    assert out.getvalue() == "09:00:00 stages 2/3, 0:10:00 elapsed, about 0:10:00 left\n"
 
 
 def test_bars_on_a_terminal_and_lines_elsewhere() -> None:
@@ -52,3 +54,8 @@ def test_bars_on_a_terminal_and_lines_elsewhere() -> None:
     assert isinstance(run_progress(Console(file=io.StringIO())), LineProgress)
     quiet = run_progress(Console(file=io.StringIO()), disable=True)  # not the main process
     assert isinstance(quiet, Progress) and quiet.disable
+
+
+def test_clock_time_counts_hours_past_a_day() -> None:
+    assert [clock_time(t) for t in (0, 59.6, 3600 + 61, 27 * 3600)] == [
+        "0:00:00", "0:01:00", "1:01:01", "27:00:00"]

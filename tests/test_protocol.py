@@ -191,7 +191,7 @@ def test_cli_run_writes_a_complete_valid_result(tmp_path: Path) -> None:
     lines = res.output.splitlines()
     for done in ("row 0: eval low 6/6", "stage 1 low: train 1/1", "row 1: eval all 6/6",
                  "stage 2 high: train 1/1", "stages 2/2"):
-        assert any(line.startswith(done) and line.endswith(", done") for line in lines), done
+        assert any(f" {done}, " in line and line.endswith(", done") for line in lines), done
 
 
 @pytest.mark.slow

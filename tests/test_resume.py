@@ -124,7 +124,7 @@ def test_a_stop_request_mid_stage_keeps_completed_stages(tmp_path: Path, sig: in
     assert read_results(out / "results.json").status == "complete"
 
 
-def test_stop_message_names_what_is_saved(tmp_path):
+def test_stop_message_names_what_is_saved(tmp_path: Path) -> None:
     from clbench.protocol import saved_rows
 
     assert saved_rows(0, tmp_path) == (f"no row was complete yet (row 0, the base model, was being "

@@ -374,12 +374,16 @@ def test_a_sweep_without_a_terminal_says_each_finished_stage(tmp_path: Path) -> 
                               suite=SimpleNamespace(stages=[1, 2, 3]))
         return Child(run, out / "log", state=state, started=0.0)  # type: ignore[arg-type]
 
-    children = [child(0, None), child(1, 2), child(2, 4, state="complete")]
-    said: dict[int, str] = {}
-    assert stage_news(children, said) == []  # the first look only notes where they are
+    children = [child(0, None), child(1, 2), child(2, 4, state="complete"), child(3, None)]
+    said = {0: 0, 1: 2}  # rows at launch: seed 1 resumed after stage 1; seed 3 not noted yet
+    assert stage_news(children, said) == []
     (tmp_path / "s0" / "results.json").write_text(json.dumps({"matrix": [[0.5]]}))
     (tmp_path / "s1" / "results.json").write_text(json.dumps({"matrix": [[0.5]] * 3}))
+    (tmp_path / "s3" / "results.json").write_text(json.dumps({"matrix": [[0.5]] * 2}))
     news = stage_news(children, said)
     assert [line.split(",")[0] for line in news] == [
-        "grpo seed 0: row 0 (base model) evaluated", "grpo seed 1: stage 2/3 done"]
+        "grpo seed 0: row 0 (base model) ready", "grpo seed 1: stage 2/3 done"]
     assert stage_news(children, said) == []
+    for damaged in ('{"matrix": null}', "[1]", "{not json"):  # never a crash, never a step back
+        (tmp_path / "s1" / "results.json").write_text(damaged)
+        assert stage_news(children, said) == [] and children[1].stages_done() == "-/3"
