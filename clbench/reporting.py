@@ -1,8 +1,9 @@
-"""Presenting runs: the plan of a run before it starts, the matrix and metrics of one run, and
-comparisons over seeds.
+"""Presenting runs: the plan of a run before it starts, the matrix, metrics and cost of one run,
+and `clbench report` (rich tables, JSON or Markdown) over runs found on disk.
 
-Used by `clbench run --plan`, at the end of a run, by `clbench report` and by `clbench sweep`.
-Pure presentation: nothing here trains or evaluates.
+Used by `clbench run --plan`, at the end of a run, by `clbench report` and by `clbench sweep`;
+comparisons over seeds are computed in :mod:`clbench.comparison`. Pure presentation: nothing
+here trains or evaluates.
 """
 
 from __future__ import annotations
@@ -17,18 +18,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from clbench.comparison import (comparison, comparison_tables, cost_comparison, cost_tables,
+                                format_gib, metric_order, print_comparison)
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
-
-
-SUMMARY_METRICS = ("acc", "op", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta",
-                   "aia", "intransigence")
-
-
-def metric_order(names: Iterable[str]) -> list[str]:
-    """The headline metrics first, in their usual order, then any other metric a run has."""
-    names = set(names)
-    return [m for m in SUMMARY_METRICS if m in names] + sorted(names - set(SUMMARY_METRICS))
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -62,7 +55,7 @@ def compute_summary(result: RunResult) -> str:
     parts = [f"{c.wall_time_s:,.0f} s{hours} on {c.device or 'an unrecorded device'}"]
     if c.peak_memory_bytes:
         what = "GPU memory allocated" if c.device.startswith("cuda") else "resident memory"
-        parts.append(f"peak {what} {c.peak_memory_bytes / 2**30:.1f} GiB")
+        parts.append(f"peak {what} {format_gib(c.peak_memory_bytes)}")
     tokens = dict(c.tokens)
     if "optimizer_steps" in tokens:
         parts.append(f"{tokens.pop('optimizer_steps'):,} optimizer steps")
@@ -127,98 +120,6 @@ def collect_results(run_dirs: Sequence[str | Path],
     return found
 
 
-def _suite_hash(result: RunResult) -> str:
-    """The hash of the run's suite as the current schema reads it, so runs from before a field
-    was added (at its default) group with runs from after; the stored hash if it no longer
-    validates."""
-    try:
-        return result.suite_spec().content_hash()
-    except ValueError:  # pydantic's ValidationError is a ValueError
-        return result.suite_hash
-
-
-def comparison(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
-    """Mean ± std over seeds of every headline metric, per suite and method setting.
-
-    Runs of one method under different settings (e.g. another `lr`) are compared apart, each
-    labelled with the settings that tell it apart; settings are read as the installed method
-    reads them, so a run from before a field was added groups by what it did. A run found twice
-    (the same results in two places) counts once; two different runs of one seed are refused."""
-    from clbench.metrics.aggregate import aggregate_over_seeds
-    from clbench.rundir import method_config_as_read
-
-    entries = []
-    configs: dict[tuple[str, str], dict[str, Any]] = {}
-    for where, r in found:
-        if r.status != "complete":
-            continue
-        suite = f"{r.suite.get('name')}:{_suite_hash(r)[:15]}"
-        config = method_config_as_read(r.method.name, r.method.config)
-        key = json.dumps(config, sort_keys=True, default=str)
-        configs.setdefault((suite, r.method.name), {})[key] = config
-        entries.append((suite, key, where, r))
-    groups: dict[str, list[dict[str, Any]]] = {}
-    seen: dict[tuple[str, str, int], tuple[Path, RunResult]] = {}
-    for suite, key, where, r in entries:
-        label = _setting_label(r.method.name, key, configs[(suite, r.method.name)])
-        if (suite, label, r.seed) in seen:
-            first, earlier = seen[(suite, label, r.seed)]
-            if earlier.model_dump() == r.model_dump():
-                continue  # one run, found in two places
-            raise UserError(f"two different runs of {label} seed {r.seed}: {first} and "
-                            f"{where}; name one of them")
-        seen[(suite, label, r.seed)] = (where, r)
-        groups.setdefault(suite, []).append({
-            "method": label, "seed": r.seed,
-            "metrics": {k: {"value": v.value} for k, v in r.metrics.items()}})
-    return {suite: {method: {name: s.as_dict() for name, s in metrics.items()}
-                    for method, metrics in aggregate_over_seeds(runs).items()}
-            for suite, runs in groups.items()}
-
-
-def _setting_label(name: str, key: str, configs: dict[str, Any]) -> str:
-    """`sdpo`, or `sdpo (lr=1e-06)` when runs of `sdpo` differ in settings: the settings of
-    the run with config `key` that are not the same in all of them."""
-    if len(configs) < 2 or not all(isinstance(c, dict) for c in configs.values()):
-        return name if len(configs) < 2 else f"{name} (settings {key[:12]})"
-    fields = sorted({f for c in configs.values() for f in c})
-    differing = [f for f in fields
-                 if len({json.dumps(c.get(f), sort_keys=True) for c in configs.values()}) > 1]
-    mine = configs[key]
-    return f"{name} (" + ", ".join(f"{f}={json.dumps(mine.get(f))}" for f in differing) + ")"
-
-
-def comparison_tables(table_data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) of each suite's comparison; two suites of one name (e.g. one run
-    with a changed decoding batch) are told apart by their hash."""
-    from clbench.metrics.aggregate import SeedSummary
-
-    names = [suite.split(":")[0] for suite in table_data]
-    tables = []
-    for suite, methods in table_data.items():
-        name, digest = suite.split(":", 1) if ":" in suite else (suite, "")
-        title = name if names.count(name) == 1 else f"{name} [{digest}]"
-        metrics_shown = metric_order({n for metrics in methods.values() for n in metrics})
-        rows = [[method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
-                           for n in metrics_shown]] for method, metrics in sorted(methods.items())]
-        tables.append((f"{title}: mean ± std over seeds (n = seeds)", ["method", *metrics_shown],
-                       rows))
-    return tables
-
-
-def print_comparison(console: Console, table_data: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    for title, header, rows in comparison_tables(table_data):
-        table = Table(title=escape(title))
-        table.add_column(header[0], style="bold")
-        for n in header[1:]:
-            table.add_column(n, justify="right")
-        for row in rows:
-            table.add_row(*map(escape, row))
-        console.print(table)
-
-
 def report(run_dirs: Sequence[str | Path], as_json: bool = False,
            console: Console | None = None, as_markdown: bool = False) -> dict[str, Any]:
     """Print each run's matrix and metrics and the comparison over seeds (or JSON, or
@@ -231,14 +132,14 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
                       "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
                       "metrics": {k: v.value for k, v in r.metrics.items()}}
                      for d, r in found],
-            "comparison": comparison(found)}
+            "comparison": comparison(found), "cost": cost_comparison(found)}
     if skipped:
         data["skipped"] = skipped
     if as_json:
         console.print_json(json.dumps(data))
         return data
     if as_markdown:
-        console.file.write(markdown_report(found, data["comparison"], skipped))
+        console.file.write(markdown_report(found, data["comparison"], skipped, data["cost"]))
         return data
     for reason in skipped:
         console.print(f"[yellow]left out: {escape(reason)}[/]", soft_wrap=True)
@@ -248,7 +149,7 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
     if incomplete:
         console.print(f"[yellow]not complete (left out of the comparison): "
                       f"{', '.join(incomplete)}[/]")
-    print_comparison(console, data["comparison"])
+    print_comparison(console, data["comparison"], data["cost"])
     return data
 
 
@@ -266,7 +167,7 @@ def _md_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
 
 
 def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[str, Any],
-                    skipped: Sequence[str] = ()) -> str:
+                    skipped: Sequence[str] = (), cost_data: dict[str, Any] | None = None) -> str:
     """`clbench report --markdown`: each run's R, compute and metrics, then the comparison over
     seeds. R's cells are scores; the item count of each column is said under the table (a cell
     whose count differs from its column's says it in the cell)."""
@@ -295,7 +196,7 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
     incomplete = [str(d) for d, r in found if r.status != "complete"]
     if incomplete:
         out += ["", f"Not complete (left out of the comparison): {', '.join(incomplete)}."]
-    for title, header, rows in comparison_tables(table_data):
+    for title, header, rows in comparison_tables(table_data) + cost_tables(cost_data or {}):
         out += ["", f"### {title}", "", *_md_table(header, rows)]
     return "\n".join(out).strip() + "\n"
 

@@ -47,7 +47,8 @@ from clbench.errors import (
     terminate_as_interrupt,
 )
 from clbench.protocol import RunInterrupted, check_lm_eval_probes, execute
-from clbench.reporting import collect_results, comparison, print_comparison
+from clbench.comparison import comparison, cost_comparison, print_comparison
+from clbench.reporting import collect_results
 from clbench.results import RESULTS_FILENAME
 from clbench.rundir import IDENTITY_FILE, check_run_dir, run_identity
 from clbench.specs import RunSpec
@@ -107,8 +108,9 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
                                threads=threads_per_child(device, min(jobs, len(pending))))
         incomplete = run_as_children(pending, launch, jobs, console)
     dirs = [Path(r.out_dir) for r in runs if (Path(r.out_dir) / RESULTS_FILENAME).is_file()]
-    data = comparison(collect_results(dirs))
-    print_comparison(console, data)
+    found = collect_results(dirs)
+    data = comparison(found)
+    print_comparison(console, data, cost_comparison(found))
     if incomplete:
         report_failures(incomplete, len(runs), console)
     if broken:

@@ -134,7 +134,7 @@ def test_an_identity_without_the_suite_reads_it_from_results(tmp_path: Path) -> 
 
 
 def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_path: Path) -> None:
-    from clbench.reporting import comparison
+    from clbench.comparison import comparison
     from clbench.results import MetricValue
 
     run, config = _run(tmp_path)
@@ -158,7 +158,7 @@ def test_runs_of_one_method_under_other_settings_are_compared_apart(tmp_path: Pa
     from before `feedback_with_demo` existed groups with runs that set it as it behaved; the
     same run found twice counts once, and two different runs of one seed are refused."""
     from clbench.errors import UserError
-    from clbench.reporting import comparison
+    from clbench.comparison import comparison
     from clbench.results import MetricValue
 
     run = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
@@ -185,6 +185,19 @@ def test_runs_of_one_method_under_other_settings_are_compared_apart(tmp_path: Pa
         comparison(found + [(tmp_path / "other", result(0, default, 0.9))])
     (alone,) = comparison(found[:2]).values()
     assert list(alone) == ["sdpo"]  # one setting: the plain name
+
+    from clbench.comparison import cost_comparison, cost_tables
+
+    for (_, r), seconds in zip(found[:2], (4000.0, 11200.0)):
+        r.compute.wall_time_s, r.compute.device = seconds, "cpu"
+        r.compute.peak_memory_bytes = int(seconds) * 2**20
+    (costs,) = cost_comparison(found[:2]).values()
+    assert costs["sdpo"]["runs"] == 2 and costs["sdpo"]["devices"] == ["cpu"]
+    assert costs["sdpo"]["wall_time_s"]["mean"] == pytest.approx(7600.0)
+    assert costs["sdpo"]["peak_memory_bytes"] == 11200 * 2**20
+    ((title, header, rows),) = cost_tables(cost_comparison(found[:2]))
+    assert title == "smoke: cost per run"
+    assert rows == [["sdpo", "2", "2.11 ± 1.41 h (n=2)", "10.9 GiB", "cpu"]]
 
 
 def test_rewording_the_description_is_the_same_suite_and_run(tmp_path: Path) -> None:

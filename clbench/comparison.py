@@ -1,0 +1,177 @@
+"""Comparing runs: complete runs grouped by suite and method setting, their metrics as mean ±
+std over seeds, what they cost, and the tables of both.
+
+Used by `clbench report` and at the end of `clbench sweep`; :mod:`clbench.reporting` renders the
+tables (rich on a console, Markdown with `--markdown`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from clbench.errors import UserError
+from clbench.results import RunResult
+
+SUMMARY_METRICS = ("acc", "op", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta",
+                   "aia", "intransigence")
+
+
+def metric_order(names: Iterable[str]) -> list[str]:
+    """The headline metrics first, in their usual order, then any other metric a run has."""
+    names = set(names)
+    return [m for m in SUMMARY_METRICS if m in names] + sorted(names - set(SUMMARY_METRICS))
+
+
+def _suite_hash(result: RunResult) -> str:
+    """The hash of the run's suite as the current schema reads it, so runs from before a field
+    was added (at its default) group with runs from after; the stored hash if it no longer
+    validates."""
+    try:
+        return result.suite_spec().content_hash()
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        return result.suite_hash
+
+
+def comparison_groups(found: Sequence[tuple[Path, RunResult]]
+                      ) -> dict[str, dict[str, list[RunResult]]]:
+    """The complete runs, by suite and method setting: `{suite key: {label: runs}}`.
+
+    Runs of one method under different settings (e.g. another `lr`) are apart, each labelled
+    with the settings that tell it apart; settings are read as the installed method reads them,
+    so a run from before a field was added groups by what it did. A run found twice (the same
+    results in two places) counts once; two different runs of one seed are refused."""
+    from clbench.rundir import method_config_as_read
+
+    entries = []
+    configs: dict[tuple[str, str], dict[str, Any]] = {}
+    for where, r in found:
+        if r.status != "complete":
+            continue
+        suite = f"{r.suite.get('name')}:{_suite_hash(r)[:15]}"
+        config = method_config_as_read(r.method.name, r.method.config)
+        key = json.dumps(config, sort_keys=True, default=str)
+        configs.setdefault((suite, r.method.name), {})[key] = config
+        entries.append((suite, key, where, r))
+    groups: dict[str, dict[str, list[RunResult]]] = {}
+    seen: dict[tuple[str, str, int], tuple[Path, RunResult]] = {}
+    for suite, key, where, r in entries:
+        label = _setting_label(r.method.name, key, configs[(suite, r.method.name)])
+        if (suite, label, r.seed) in seen:
+            first, earlier = seen[(suite, label, r.seed)]
+            if earlier.model_dump() == r.model_dump():
+                continue  # one run, found in two places
+            raise UserError(f"two different runs of {label} seed {r.seed}: {first} and "
+                            f"{where}; name one of them")
+        seen[(suite, label, r.seed)] = (where, r)
+        groups.setdefault(suite, {}).setdefault(label, []).append(r)
+    return groups
+
+
+def comparison(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
+    """Mean ± std over seeds of every headline metric, per suite and method setting
+    (:func:`comparison_groups`)."""
+    from clbench.metrics.aggregate import aggregate_over_seeds
+
+    out = {}
+    for suite, labels in comparison_groups(found).items():
+        runs = [{"method": label, "seed": r.seed,
+                 "metrics": {k: {"value": v.value} for k, v in r.metrics.items()}}
+                for label, results in labels.items() for r in results]
+        out[suite] = {method: {name: s.as_dict() for name, s in metrics.items()}
+                      for method, metrics in aggregate_over_seeds(runs).items()}
+    return out
+
+
+def cost_comparison(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
+    """What the complete runs of each suite and method setting cost: runs, wall time per run
+    (mean ± std over seeds, summed over resumed sessions), the largest peak memory and the
+    devices. Wall times compare only on like hardware: the devices are named with them."""
+    from clbench.metrics.aggregate import summarise
+
+    out: dict[str, Any] = {}
+    for suite, labels in comparison_groups(found).items():
+        out[suite] = {label: {
+            "runs": len(results),
+            "wall_time_s": summarise(r.compute.wall_time_s or None for r in results).as_dict(),
+            "peak_memory_bytes": max((r.compute.peak_memory_bytes or 0 for r in results),
+                                     default=0) or None,
+            "devices": sorted({r.compute.device for r in results if r.compute.device})}
+            for label, results in labels.items()}
+    return out
+
+
+def _setting_label(name: str, key: str, configs: dict[str, Any]) -> str:
+    """`sdpo`, or `sdpo (lr=1e-06)` when runs of `sdpo` differ in settings: the settings of
+    the run with config `key` that are not the same in all of them."""
+    if len(configs) < 2 or not all(isinstance(c, dict) for c in configs.values()):
+        return name if len(configs) < 2 else f"{name} (settings {key[:12]})"
+    fields = sorted({f for c in configs.values() for f in c})
+    differing = [f for f in fields
+                 if len({json.dumps(c.get(f), sort_keys=True) for c in configs.values()}) > 1]
+    mine = configs[key]
+    return f"{name} (" + ", ".join(f"{f}={json.dumps(mine.get(f))}" for f in differing) + ")"
+
+
+def comparison_tables(table_data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of each suite's comparison; two suites of one name (e.g. one run
+    with a changed decoding batch) are told apart by their hash."""
+    from clbench.metrics.aggregate import SeedSummary
+
+    names = [suite.split(":")[0] for suite in table_data]
+    tables = []
+    for suite, methods in table_data.items():
+        name, digest = suite.split(":", 1) if ":" in suite else (suite, "")
+        title = name if names.count(name) == 1 else f"{name} [{digest}]"
+        metrics_shown = metric_order({n for metrics in methods.values() for n in metrics})
+        rows = [[method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
+                           for n in metrics_shown]] for method, metrics in sorted(methods.items())]
+        tables.append((f"{title}: mean ± std over seeds (n = seeds)", ["method", *metrics_shown],
+                       rows))
+    return tables
+
+
+def cost_tables(cost_data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) of each suite's cost per run (:func:`cost_comparison`)."""
+    def seconds(summary: dict[str, Any]) -> str:
+        mean, std, n = summary["mean"], summary["std"], summary["n"]
+        if mean is None:
+            return "—"
+        unit, scale = ("h", 3600.0) if mean >= 3600 else ("s", 1.0)
+        spread = "" if std is None else f" ± {std / scale:,.{2 if unit == 'h' else 0}f}"
+        return f"{mean / scale:,.{2 if unit == 'h' else 0}f}{spread} {unit} (n={n})"
+
+    names = [suite.split(":")[0] for suite in cost_data]
+    tables = []
+    for suite, labels in cost_data.items():
+        name, digest = suite.split(":", 1) if ":" in suite else (suite, "")
+        title = name if names.count(name) == 1 else f"{name} [{digest}]"
+        rows = [[label, str(c["runs"]), seconds(c["wall_time_s"]),
+                 format_gib(c["peak_memory_bytes"]),
+                 ", ".join(c["devices"]) or "—"] for label, c in sorted(labels.items())]
+        tables.append((f"{title}: cost per run", ["method", "runs", "wall time per run",
+                                                  "peak memory", "device"], rows))
+    return tables
+
+
+def print_comparison(console: Console, table_data: dict[str, Any],
+                     cost_data: dict[str, Any] | None = None) -> None:
+    for title, header, rows in comparison_tables(table_data) + cost_tables(cost_data or {}):
+        table = Table(title=escape(title))
+        table.add_column(header[0], style="bold")
+        for n in header[1:]:
+            table.add_column(n, justify="right")
+        for row in rows:
+            table.add_row(*map(escape, row))
+        console.print(table)
+
+
+def format_gib(size: int | None) -> str:
+    """A memory size in GiB, one decimal; `—` when unknown."""
+    return "—" if not size else f"{size / 2**30:.1f} GiB"
