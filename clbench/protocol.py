@@ -396,5 +396,7 @@ def _account(result: RunResult, elapsed: float, device: torch.device) -> None:
     if device.type == "cuda":
         peak = int(torch.cuda.max_memory_allocated(device))
     else:
-        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+        # the process's peak since it started (KiB on Linux): in an in-process sweep
+        # (--jobs 1) a later run reports at least the peak of the runs before it
+        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
     result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)
