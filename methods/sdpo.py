@@ -84,6 +84,9 @@ class SDPOConfig(OnPolicySettings):
         default="answer", description="Which completion tokens get a target: `answer` (tokens "
         "from the task's answer start on: after </think>, else the last line) or `all` "
         "(chain of thought included).")
+    supervise_eos: bool = Field(default=True, description="Give the end-of-sequence token that "
+                                "closes a completion a target (the references do); off, the "
+                                "decision to stop is left to the student.")
     mask_ratio: float = Field(default=0.0, ge=0.0, le=1.0, description="Drop each supervised "
                               "token at random with this probability (supervision density).")
     max_reprompt_tokens: int | None = Field(
@@ -165,7 +168,8 @@ class SDPOObjective(Objective):
             if not tc.active:
                 continue
             row = completion_supervision(ctx.tokenizer, rollout.text, rollout.completion_ids,
-                                         cfg.supervision, ctx.task.answer_start)
+                                         cfg.supervision, ctx.task.answer_start,
+                                         supervise_closing=cfg.supervise_eos)
             supervised[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
         generator = torch.Generator().manual_seed(
             seeded_rng("sdpo.mask", ctx.seed, batch.step).getrandbits(63))

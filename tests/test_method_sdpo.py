@@ -258,6 +258,25 @@ def test_answer_supervision_is_sparser_than_cot_and_mask_ratio_thins_it(tmp_path
     assert 0.25 < fractions["masked"] < 0.75
 
 
+def test_supervise_eos_reaches_the_supervision_of_every_rollout(tmp_path, monkeypatch):
+    import clbench_methods.sdpo as sdpo_module
+
+    seen = []
+    real = sdpo_module.completion_supervision
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("supervise_closing"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sdpo_module, "completion_supervision", spy)
+    for flag in (True, False):
+        model, tok = tiny(seed=0)
+        SDPO({"lr": 1e-3, "supervise_eos": flag}).train_stage(
+            toy_context(model, tok, tmp_path / str(flag), steps=1, task=LastLineTask()))
+        assert seen and set(seen) == {flag}
+        seen.clear()
+
+
 # ---------------------------------------------------------------------------------------------
 # Configs
 # ---------------------------------------------------------------------------------------------

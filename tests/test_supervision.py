@@ -50,6 +50,21 @@ def test_think_block_supervises_only_the_text_after_it(char_tok):
     assert all(sv.completion_supervision(char_tok, text, ids, "all", default_answer_start))
 
 
+def test_the_stop_decision_can_be_left_unsupervised(char_tok):
+    text = "<think>6*7 is 42</think>The answer is 42."
+    ids = _ids(char_tok, text)
+    mask = sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start,
+                                     supervise_closing=False)
+    assert _supervised_text(char_tok, ids, mask) == "The answer is 42." and mask[-1] is False
+    assert sum(mask) == len("The answer is 42.")
+    every = sv.completion_supervision(char_tok, text, ids, "all", default_answer_start,
+                                      supervise_closing=False)
+    assert every == [True] * len(text) + [False]
+    truncated = ids[:-1]  # no EOS: nothing to leave out
+    assert all(sv.completion_supervision(char_tok, text, truncated, "all", default_answer_start,
+                                         supervise_closing=False))
+
+
 def test_without_think_the_last_line_is_the_answer(char_tok):
     text = "14 + 23 = 37.\nAnswer: 37"
     ids = _ids(char_tok, text)

@@ -132,18 +132,18 @@ def supervision_mask(text: str, token_ends: Sequence[int], mode: Supervision,
 
 def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
                            token_ids: Sequence[int], mode: Supervision,
-                           answer_start: Callable[[str], int]) -> list[bool]:
+                           answer_start: Callable[[str], int],
+                           supervise_closing: bool = True) -> list[bool]:
     """:func:`supervision_mask` with token spans from :func:`token_char_ends`.
 
     `text` must be the completion text the grader saw (``decode(ids, skip_special_tokens=True)``,
     possibly cut at a stop string: tokens past the cut then count as ending after the answer).
     The special tokens at the end of `token_ids` (the tokenizer's ``all_special_ids``: EOS) are
-    the closing tokens, always supervised. Uses :func:`first_answer_token` (logarithmic in the
+    the closing tokens: supervised in either mode unless `supervise_closing` is off (then the
+    decision to stop gets no target). Uses :func:`first_answer_token` (logarithmic in the
     completion length); the result equals :func:`supervision_mask` on :func:`token_char_ends`.
     """
-    if mode == "all":
-        return [True] * len(token_ids)
-    if mode != "answer":
+    if mode not in SUPERVISION_MODES:
         raise ValueError(f"unknown supervision {mode!r}; expected one of "
                          f"{', '.join(SUPERVISION_MODES)}")
     special = set(getattr(tokenizer, "all_special_ids", None) or [])
@@ -151,9 +151,13 @@ def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
     closing = 0
     while closing < n and token_ids[n - 1 - closing] in special:
         closing += 1
-    start = min(max(int(answer_start(text)), 0), len(text))
-    first = first_answer_token(tokenizer, token_ids, start) if n else 0
-    return [i >= first or i >= n - closing for i in range(n)]
+    if mode == "all":
+        first = 0
+    else:
+        start = min(max(int(answer_start(text)), 0), len(text))
+        first = first_answer_token(tokenizer, token_ids, start) if n else 0
+    return [(i >= first or i >= n - closing) and (supervise_closing or i < n - closing)
+            for i in range(n)]
 
 
 def random_token_mask(mask: torch.Tensor, mask_ratio: float,
