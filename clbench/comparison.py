@@ -1,8 +1,8 @@
 """Comparing runs: complete runs grouped by suite and method setting, their metrics as mean ±
-std over seeds, what they cost, and the tables of both.
+std over seeds, what they cost, and the tables and console rendering of both.
 
-Used by `clbench report` and at the end of `clbench sweep`; :mod:`clbench.reporting` renders the
-tables (rich on a console, Markdown with `--markdown`).
+Used by `clbench report` (which also renders these tables as Markdown, in
+:mod:`clbench.reporting`) and at the end of `clbench sweep`.
 """
 
 from __future__ import annotations
@@ -74,13 +74,17 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]
     return groups
 
 
-def comparison(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
+Groups = dict[str, dict[str, list[RunResult]]]
+
+
+def comparison(found: Sequence[tuple[Path, RunResult]], groups: Groups | None = None
+               ) -> dict[str, Any]:
     """Mean ± std over seeds of every headline metric, per suite and method setting
-    (:func:`comparison_groups`)."""
+    (:func:`comparison_groups`, or `groups` already made from `found`)."""
     from clbench.metrics.aggregate import aggregate_over_seeds
 
     out = {}
-    for suite, labels in comparison_groups(found).items():
+    for suite, labels in (comparison_groups(found) if groups is None else groups).items():
         runs = [{"method": label, "seed": r.seed,
                  "metrics": {k: {"value": v.value} for k, v in r.metrics.items()}}
                 for label, results in labels.items() for r in results]
@@ -89,22 +93,38 @@ def comparison(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
     return out
 
 
-def cost_comparison(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
-    """What the complete runs of each suite and method setting cost: runs, wall time per run
-    (mean ± std over seeds, summed over resumed sessions), the largest peak memory and the
-    devices. Wall times compare only on like hardware: the devices are named with them."""
+def cost_comparison(found: Sequence[tuple[Path, RunResult]], groups: Groups | None = None
+                    ) -> dict[str, list[dict[str, Any]]]:
+    """What the complete runs of each suite and method setting cost, per kind of hardware
+    (device type and process count: wall times compare only on like hardware): runs, wall time
+    per run (mean ± std over seeds, summed over resumed sessions) and the largest peak memory,
+    which is GPU memory allocated on CUDA and the process's resident memory elsewhere."""
     from clbench.metrics.aggregate import summarise
 
-    out: dict[str, Any] = {}
-    for suite, labels in comparison_groups(found).items():
-        out[suite] = {label: {
-            "runs": len(results),
-            "wall_time_s": summarise(r.compute.wall_time_s or None for r in results).as_dict(),
-            "peak_memory_bytes": max((r.compute.peak_memory_bytes or 0 for r in results),
-                                     default=0) or None,
-            "devices": sorted({r.compute.device for r in results if r.compute.device})}
-            for label, results in labels.items()}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for suite, labels in (comparison_groups(found) if groups is None else groups).items():
+        rows = out.setdefault(suite, [])
+        for label, results in sorted(labels.items()):
+            by_hardware: dict[str, list[RunResult]] = {}
+            for r in results:
+                by_hardware.setdefault(_hardware(r), []).append(r)
+            for hardware, runs in sorted(by_hardware.items()):
+                rows.append({
+                    "method": label, "hardware": hardware, "runs": len(runs),
+                    "wall_time_s": summarise(r.compute.wall_time_s or None
+                                             for r in runs).as_dict(),
+                    "peak_memory_bytes": max((r.compute.peak_memory_bytes or 0 for r in runs),
+                                             default=0) or None,
+                    "peak_memory_of": "GPU allocated" if hardware.startswith("cuda")
+                    else "process resident"})
     return out
+
+
+def _hardware(result: RunResult) -> str:
+    """`cpu`, `cuda`, `cuda x4` (four processes): what a run's wall time was measured on."""
+    kind = (result.compute.device or "unrecorded").split(":")[0]
+    processes = result.model.resolved.get("num_processes", 1) or 1
+    return kind if processes == 1 else f"{kind} x{processes}"
 
 
 def _setting_label(name: str, key: str, configs: dict[str, Any]) -> str:
@@ -119,45 +139,48 @@ def _setting_label(name: str, key: str, configs: dict[str, Any]) -> str:
     return f"{name} (" + ", ".join(f"{f}={json.dumps(mine.get(f))}" for f in differing) + ")"
 
 
+def suite_titles(keys: Iterable[str]) -> dict[str, str]:
+    """A title per suite key (`name:hash`): the name, with the hash when two suites share it
+    (e.g. one of them run with another decoding batch)."""
+    keys = list(keys)
+    names = [key.split(":")[0] for key in keys]
+    return {key: name if names.count(name) == 1 else f"{name} [{key.split(':', 1)[-1]}]"
+            for key, name in zip(keys, names)}
+
+
 def comparison_tables(table_data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) of each suite's comparison; two suites of one name (e.g. one run
-    with a changed decoding batch) are told apart by their hash."""
+    """(title, header, rows) of each suite's comparison."""
     from clbench.metrics.aggregate import SeedSummary
 
-    names = [suite.split(":")[0] for suite in table_data]
+    titles = suite_titles(table_data)
     tables = []
     for suite, methods in table_data.items():
-        name, digest = suite.split(":", 1) if ":" in suite else (suite, "")
-        title = name if names.count(name) == 1 else f"{name} [{digest}]"
         metrics_shown = metric_order({n for metrics in methods.values() for n in metrics})
         rows = [[method, *[SeedSummary(**metrics[n]).format() if n in metrics else "—"
                            for n in metrics_shown]] for method, metrics in sorted(methods.items())]
-        tables.append((f"{title}: mean ± std over seeds (n = seeds)", ["method", *metrics_shown],
-                       rows))
+        tables.append((f"{titles[suite]}: mean ± std over seeds (n = seeds)",
+                       ["method", *metrics_shown], rows))
     return tables
 
 
 def cost_tables(cost_data: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) of each suite's cost per run (:func:`cost_comparison`)."""
-    def seconds(summary: dict[str, Any]) -> str:
+    from clbench.progress import clock_time
+
+    def wall(summary: dict[str, Any]) -> str:
         mean, std, n = summary["mean"], summary["std"], summary["n"]
         if mean is None:
             return "—"
-        unit, scale = ("h", 3600.0) if mean >= 3600 else ("s", 1.0)
-        spread = "" if std is None else f" ± {std / scale:,.{2 if unit == 'h' else 0}f}"
-        return f"{mean / scale:,.{2 if unit == 'h' else 0}f}{spread} {unit} (n={n})"
+        spread = "" if std is None else f" ± {clock_time(std)}"
+        return f"{clock_time(mean)}{spread} (n={n})"
 
-    names = [suite.split(":")[0] for suite in cost_data]
-    tables = []
-    for suite, labels in cost_data.items():
-        name, digest = suite.split(":", 1) if ":" in suite else (suite, "")
-        title = name if names.count(name) == 1 else f"{name} [{digest}]"
-        rows = [[label, str(c["runs"]), seconds(c["wall_time_s"]),
-                 format_gib(c["peak_memory_bytes"]),
-                 ", ".join(c["devices"]) or "—"] for label, c in sorted(labels.items())]
-        tables.append((f"{title}: cost per run", ["method", "runs", "wall time per run",
-                                                  "peak memory", "device"], rows))
-    return tables
+    titles = suite_titles(cost_data)
+    return [(f"{titles[suite]}: cost per run",
+             ["method", "hardware", "runs", "wall time per run", "peak memory"],
+             [[c["method"], c["hardware"], str(c["runs"]), wall(c["wall_time_s"]),
+               "—" if not c["peak_memory_bytes"] else
+               f"{format_gib(c['peak_memory_bytes'])} ({c['peak_memory_of']})"] for c in rows])
+            for suite, rows in cost_data.items()]
 
 
 def print_comparison(console: Console, table_data: dict[str, Any],

@@ -22,10 +22,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 LINE_INTERVAL_S = 60.0
 
 
+def draws_live(console: Console) -> bool:
+    """Whether live displays (bars, a sweep's table) are drawn: a terminal or a notebook."""
+    return console.is_terminal or console.is_jupyter
+
+
 def run_progress(console: Console, disable: bool = False) -> AnyProgress:
-    """Bars with elapsed time and ETA on a terminal; lines every minute (and when a task
-    completes) when the console is a file or a pipe."""
-    if console.is_terminal or console.is_jupyter or disable:
+    """Bars with elapsed time and ETA where live displays are drawn; lines every minute (and
+    when a task completes) when the console is a file or a pipe."""
+    if draws_live(console) or disable:
         return Progress(TextColumn("{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                         TimeRemainingColumn(), console=console, transient=True,

@@ -18,9 +18,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from clbench.comparison import (comparison, comparison_tables, cost_comparison, cost_tables,
-                                format_gib, metric_order, print_comparison)
+from clbench.comparison import (comparison, comparison_groups, comparison_tables,
+                                cost_comparison, cost_tables, format_gib, metric_order,
+                                print_comparison)
 from clbench.errors import UserError
+from clbench.progress import clock_time
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 
 
@@ -51,8 +53,7 @@ def compute_summary(result: RunResult) -> str:
     c = result.compute
     if not c.device and not c.wall_time_s:
         return "not recorded"
-    hours = f" ({c.wall_time_s / 3600:.1f} h)" if c.wall_time_s >= 3600 else ""
-    parts = [f"{c.wall_time_s:,.0f} s{hours} on {c.device or 'an unrecorded device'}"]
+    parts = [f"{clock_time(c.wall_time_s)} on {c.device or 'an unrecorded device'}"]
     if c.peak_memory_bytes:
         what = "GPU memory allocated" if c.device.startswith("cuda") else "resident memory"
         parts.append(f"peak {what} {format_gib(c.peak_memory_bytes)}")
@@ -127,12 +128,13 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
     console = console or Console()
     skipped: list[str] = []
     found = collect_results(run_dirs, skipped)
+    groups = comparison_groups(found)
     data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
                       "seed": r.seed, "status": r.status, "row_labels": r.row_labels,
                       "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
                       "metrics": {k: v.value for k, v in r.metrics.items()}}
                      for d, r in found],
-            "comparison": comparison(found), "cost": cost_comparison(found)}
+            "comparison": comparison(found, groups), "cost": cost_comparison(found, groups)}
     if skipped:
         data["skipped"] = skipped
     if as_json:

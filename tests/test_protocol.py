@@ -332,6 +332,8 @@ def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
     data = json.loads(res.output)
     assert data["runs"][0]["status"] == "complete" and data["runs"][0]["seed"] == 0
     assert data["comparison"]
+    ((cost,),) = data["cost"].values()  # one method on one kind of hardware
+    assert (cost["method"], cost["hardware"], cost["runs"]) == ("test.echo-sft", "cpu", 1)
     md = run_cli(["report", str(root), "--markdown"])
     assert md.exit_code == 0, md.output
     result = read_results(root / "test.echo-sft" / "s0" / "results.json")
@@ -344,6 +346,7 @@ def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
     acc = result.metrics["acc"].value
     assert f"| acc ↑ | {acc:.3f} | {result.metrics['acc'].variant} |" in lines
     assert any(line.startswith(f"| test.echo-sft | {acc:.3f} (n=1) |") for line in lines)
+    assert any(line.startswith("| test.echo-sft | cpu | 1 | 0:00:") for line in lines)  # cost
     from clbench.reporting import markdown_report
 
     odd = result.model_copy(deep=True)  # names a table must not break on

@@ -268,11 +268,11 @@ def test_compute_summary_reads_out_the_cost_of_a_run() -> None:
                           "teacher_tokens": 238736, "optimizer_steps": 48},
                   wall_time_s=12260.4, device="cpu", peak_memory_bytes=9 * 2**30)
     assert compute_summary(SimpleNamespace(compute=cpu)) == (
-        "12,260 s (3.4 h) on cpu; peak resident memory 9.0 GiB; 48 optimizer steps; "
+        "3:24:20 on cpu; peak resident memory 9.0 GiB; 48 optimizer steps; "
         "tokens: 31,732 generated, 15,852 trained, 238,736 teacher")
     gpu = Compute(tokens={"trained_tokens": 5407, "optimizer_steps": 48}, wall_time_s=243.6,
                   device="cuda:0", peak_memory_bytes=int(5.74 * 2**30))
     assert compute_summary(SimpleNamespace(compute=gpu)) == (
-        "244 s on cuda:0; peak GPU memory allocated 5.7 GiB; 48 optimizer steps; "
+        "0:04:04 on cuda:0; peak GPU memory allocated 5.7 GiB; 48 optimizer steps; "
         "tokens: 5,407 trained")
     assert compute_summary(SimpleNamespace(compute=Compute())) == "not recorded"

@@ -22,12 +22,14 @@ import torch
 from click.testing import CliRunner, Result
 
 from clbench import sweep as sweep_module
+from clbench import sweep_children
 from clbench.cli import cli
 from clbench.errors import UserError, terminate_as_interrupt
 from clbench.protocol import RunInterrupted
 from clbench.results import read_results, write_results
 from clbench.suites import build_run_spec
-from clbench.sweep import ChildLauncher, available_cpus, sweep, threads_per_child
+from clbench.sweep import sweep
+from clbench.sweep_children import ChildLauncher, available_cpus, threads_per_child
 
 SEEDS = (0, 1)
 
@@ -194,7 +196,7 @@ def test_a_child_stopped_from_outside_the_sweep_fails_the_sweep(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ending: str) -> None:
     """A child that ends as a stopped `clbench run` does (exit 143) or is killed by SIGTERM,
     without the sweep having stopped it, left its run incomplete: the sweep must not exit 0."""
-    monkeypatch.setattr(sweep_module, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(sweep_children, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(ChildLauncher, "command", lambda self, run: [
         sys.executable, "-c", f"import os, signal, sys; {ending}"])
     with pytest.raises(UserError, match=r"1 of 1 runs failed: sft seed 0 \(stopped by a signal "
@@ -206,7 +208,7 @@ def test_a_stop_as_a_child_starts_still_stops_that_child(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGTERM between the child's start and the sweep recording it must not leave the child
     running (it is in its own session: nothing else would stop it)."""
-    monkeypatch.setattr(sweep_module, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(sweep_children, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(ChildLauncher, "command", lambda self, run: [
         sys.executable, "-c", "import time; time.sleep(60)"])
     real, started = ChildLauncher.start, []
@@ -363,7 +365,7 @@ def test_a_sweep_without_a_terminal_says_each_finished_stage(tmp_path: Path) -> 
     import json
     from types import SimpleNamespace
 
-    from clbench.sweep import Child, stage_news
+    from clbench.sweep_children import Child, stage_news
 
     def child(seed: int, rows: int | None, state: str = "running") -> Child:
         out = tmp_path / f"s{seed}"

@@ -136,7 +136,7 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
 @click.option("--markdown", "as_markdown", is_flag=True,
               help="Print Markdown tables instead (for a paper, a README or a pull request).")
 def report_command(run_dirs: tuple[str, ...], as_json: bool, as_markdown: bool) -> None:
-    """Print the matrix and metrics of finished runs and the comparison over seeds.
+    """Print the matrix, metrics and cost of runs, the comparison over seeds and the cost per run.
 
     A RUN_DIR holds a results.json, or is a folder searched for them (e.g. a sweep's root),
     or is a results file itself, whatever its name.

@@ -15,11 +15,14 @@ it, e.g. tool use starts the answer at ``Action:``).
   at least one character of the answer, including a token that straddles the boundary (e.g.
   ``" 37"`` when the answer starts at ``3``). A token that ends exactly at ``a`` (the newline
   before the last line, ``</think>`` itself) is not supervised. In addition, the special tokens
-  that close the completion (EOS) are always supervised: the decision to stop is part of the
-  answer, and without it a completion that stops before answering (``a = len(text)``, e.g. an
-  empty completion or one ending with ``</think>``) would get no signal at all and the model
+  that close the completion (EOS) are supervised by default: the decision to stop is part of
+  the answer, and without it a completion that stops before answering (``a = len(text)``, e.g.
+  an empty completion or one ending with ``</think>``) would get no signal at all and the model
   could drift into stopping early unopposed.
 - ``all`` supervision (chain of thought): every token of the completion, EOS included.
+
+Either mode can leave the closing tokens out (``supervise_closing=False``, SDPO's
+``supervise_eos: false``): the decision to stop then gets no target.
 
 Supervision density is the fraction of completion tokens that are supervised.
 
@@ -141,7 +144,8 @@ def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
     The special tokens at the end of `token_ids` (the tokenizer's ``all_special_ids``: EOS) are
     the closing tokens: supervised in either mode unless `supervise_closing` is off (then the
     decision to stop gets no target). Uses :func:`first_answer_token` (logarithmic in the
-    completion length); the result equals :func:`supervision_mask` on :func:`token_char_ends`.
+    completion length); with the closing tokens supervised, the result equals
+    :func:`supervision_mask` on :func:`token_char_ends`.
     """
     if mode not in SUPERVISION_MODES:
         raise ValueError(f"unknown supervision {mode!r}; expected one of "

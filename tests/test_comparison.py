@@ -1,0 +1,98 @@
+"""Comparing runs: grouping by suite and method setting, metrics over seeds, cost per run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_rundir import _old_hash, _run
+
+from clbench import registry
+from clbench.comparison import comparison, cost_comparison, cost_tables
+from clbench.results import MetricValue, new_result
+from clbench.suites import build_run_spec
+
+
+def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_path: Path) -> None:
+    run, config = _run(tmp_path)
+    results = []
+    for seed, acc in [(0, 0.5), (1, 0.7)]:
+        result = new_result(run.model_copy(update={"seed": seed}), config)
+        result.status, result.metrics = "complete", {"acc": MetricValue(value=acc)}
+        results.append(result)
+    older = results[0]
+    del older.suite["model"]["mixed_precision"]
+    older.suite_hash = _old_hash(older.suite)
+    table = comparison([(tmp_path / f"s{r.seed}", r) for r in results])
+    assert len(table) == 1  # one suite, not two
+    (methods,) = table.values()
+    summary = methods["sft"]["acc"]
+    assert summary["n"] == 2 and summary["mean"] == pytest.approx(0.6)
+
+
+def test_runs_of_one_method_under_other_settings_are_compared_apart(tmp_path: Path) -> None:
+    """Seeds of `sdpo` at two settings are two rows, each named by what tells it apart; a run
+    from before `feedback_with_demo` existed groups with runs that set it as it behaved; the
+    same run found twice counts once, and two different runs of one seed are refused."""
+    from clbench.errors import UserError
+    run = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
+    default = registry.validate_method_params("sdpo", None).model_dump(mode="json")
+    older = {k: v for k, v in default.items() if k != "feedback_with_demo"}  # before the field
+
+    def result(seed: int, config: dict, acc: float):
+        r = new_result(run.model_copy(update={"seed": seed}), config)
+        r.status, r.metrics = "complete", {"acc": MetricValue(value=acc)}
+        return r
+
+    a0 = result(0, default, 0.5)
+    found = [(tmp_path / "a0", a0), (tmp_path / "a1", result(1, default, 0.7)),
+             (tmp_path / "b0", result(0, older, 0.1)),
+             (tmp_path / "b1", result(1, {**default, "feedback_with_demo": True}, 0.3)),
+             (tmp_path / "copy-of-a0.json", a0.model_copy(deep=True))]
+    (methods,) = comparison(found).values()
+    assert sorted(methods) == ["sdpo (feedback_with_demo=false)", "sdpo (feedback_with_demo=true)"]
+    assert methods["sdpo (feedback_with_demo=false)"]["acc"]["mean"] == pytest.approx(0.6)
+    assert methods["sdpo (feedback_with_demo=true)"]["acc"]["mean"] == pytest.approx(0.2)
+    assert methods["sdpo (feedback_with_demo=false)"]["acc"]["n"] == 2  # the copy counts once
+    with pytest.raises(UserError, match=r"two different runs of sdpo \(feedback_with_demo=false"
+                                        r"\) seed 0: .*a0 and .*other"):
+        comparison(found + [(tmp_path / "other", result(0, default, 0.9))])
+    (alone,) = comparison(found[:2]).values()
+    assert list(alone) == ["sdpo"]  # one setting: the plain name
+
+
+def _complete(seed: int, seconds: float | None, device: str = "cpu", peak: int | None = None,
+              processes: int = 1):
+    run = build_run_spec("smoke", "sft", seed=seed, out_dir="unused")
+    r = new_result(run, registry.validate_method_params("sft", None).model_dump(mode="json"))
+    r.status, r.metrics = "complete", {"acc": MetricValue(value=0.5)}
+    if seconds is not None:
+        r.compute.wall_time_s, r.compute.device, r.compute.peak_memory_bytes = \
+            seconds, device, peak
+    r.model.resolved["num_processes"] = processes
+    return r
+
+
+def test_cost_per_run_by_hardware_with_wall_time_and_peak_memory(tmp_path: Path) -> None:
+    found = [(tmp_path / "a", _complete(0, 4000.0, peak=4000 * 2**20)),
+             (tmp_path / "b", _complete(1, 11200.0, peak=11200 * 2**20)),
+             (tmp_path / "c", _complete(2, 243.6, "cuda:0", peak=6 * 2**30)),
+             (tmp_path / "d", _complete(3, 90.0, "cuda:0", processes=4))]
+    (rows,) = cost_comparison(found).values()
+    assert [(c["hardware"], c["runs"]) for c in rows] == [("cpu", 2), ("cuda", 1), ("cuda x4", 1)]
+    assert rows[0]["wall_time_s"]["mean"] == pytest.approx(7600.0)
+    assert rows[0]["peak_memory_bytes"] == 11200 * 2**20  # the largest, not a mean
+    ((title, header, table),) = cost_tables(cost_comparison(found))
+    assert title == "smoke: cost per run"
+    assert header == ["method", "hardware", "runs", "wall time per run", "peak memory"]
+    assert table == [
+        ["sft", "cpu", "2", "2:06:40 ± 1:24:51 (n=2)", "10.9 GiB (process resident)"],
+        ["sft", "cuda", "1", "0:04:04 (n=1)", "6.0 GiB (GPU allocated)"],  # one seed: no spread
+        ["sft", "cuda x4", "1", "0:01:30 (n=1)", "—"]]
+
+
+def test_cost_of_runs_that_recorded_none(tmp_path: Path) -> None:
+    """Results from before compute was recorded (or a run resumed from row 0 only) show a dash,
+    not a zero."""
+    ((_, _, table),) = cost_tables(cost_comparison([(tmp_path / "a", _complete(0, None))]))
+    assert table == [["sft", "unrecorded", "1", "—", "—"]]
