@@ -8,8 +8,8 @@ Used by `clbench report` (which also renders these tables as Markdown, in
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -18,6 +18,9 @@ from rich.table import Table
 
 from clbench.errors import UserError
 from clbench.results import RunResult
+
+#: Complete runs by suite key and method-setting label (:func:`comparison_groups`).
+Groups = dict[str, dict[str, list[RunResult]]]
 
 SUMMARY_METRICS = ("acc", "op", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta",
                    "aia", "intransigence")
@@ -39,8 +42,7 @@ def _suite_hash(result: RunResult) -> str:
         return result.suite_hash
 
 
-def comparison_groups(found: Sequence[tuple[Path, RunResult]]
-                      ) -> dict[str, dict[str, list[RunResult]]]:
+def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
     """The complete runs, by suite and method setting: `{suite key: {label: runs}}`.
 
     Runs of one method under different settings (e.g. another `lr`) are apart, each labelled
@@ -59,7 +61,7 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]
         key = json.dumps(config, sort_keys=True, default=str)
         configs.setdefault((suite, r.method.name), {})[key] = config
         entries.append((suite, key, where, r))
-    groups: dict[str, dict[str, list[RunResult]]] = {}
+    groups: Groups = {}
     seen: dict[tuple[str, str, int], tuple[Path, RunResult]] = {}
     for suite, key, where, r in entries:
         label = _setting_label(r.method.name, key, configs[(suite, r.method.name)])
@@ -72,9 +74,6 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]
         seen[(suite, label, r.seed)] = (where, r)
         groups.setdefault(suite, {}).setdefault(label, []).append(r)
     return groups
-
-
-Groups = dict[str, dict[str, list[RunResult]]]
 
 
 def comparison(found: Sequence[tuple[Path, RunResult]], groups: Groups | None = None
