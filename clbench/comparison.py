@@ -76,14 +76,13 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
     return groups
 
 
-def comparison(found: Sequence[tuple[Path, RunResult]], groups: Groups | None = None
-               ) -> dict[str, Any]:
+def comparison(groups: Groups) -> dict[str, Any]:
     """Mean ± std over seeds of every headline metric, per suite and method setting
-    (:func:`comparison_groups`, or `groups` already made from `found`)."""
+    (`groups` from :func:`comparison_groups`)."""
     from clbench.metrics.aggregate import aggregate_over_seeds
 
     out = {}
-    for suite, labels in (comparison_groups(found) if groups is None else groups).items():
+    for suite, labels in groups.items():
         runs = [{"method": label, "seed": r.seed,
                  "metrics": {k: {"value": v.value} for k, v in r.metrics.items()}}
                 for label, results in labels.items() for r in results]
@@ -92,8 +91,7 @@ def comparison(found: Sequence[tuple[Path, RunResult]], groups: Groups | None = 
     return out
 
 
-def cost_comparison(found: Sequence[tuple[Path, RunResult]], groups: Groups | None = None
-                    ) -> dict[str, list[dict[str, Any]]]:
+def cost_comparison(groups: Groups) -> dict[str, list[dict[str, Any]]]:
     """What the complete runs of each suite and method setting cost, per kind of hardware
     (device type and process count: wall times compare only on like hardware): runs, wall time
     per run (mean ± std over seeds, summed over resumed sessions) and the largest peak memory,
@@ -101,7 +99,7 @@ def cost_comparison(found: Sequence[tuple[Path, RunResult]], groups: Groups | No
     from clbench.metrics.aggregate import summarise
 
     out: dict[str, list[dict[str, Any]]] = {}
-    for suite, labels in (comparison_groups(found) if groups is None else groups).items():
+    for suite, labels in groups.items():
         rows = out.setdefault(suite, [])
         for label, results in sorted(labels.items()):
             by_hardware: dict[str, list[RunResult]] = {}
@@ -114,9 +112,13 @@ def cost_comparison(found: Sequence[tuple[Path, RunResult]], groups: Groups | No
                                              for r in runs).as_dict(),
                     "peak_memory_bytes": max((r.compute.peak_memory_bytes or 0 for r in runs),
                                              default=0) or None,
-                    "peak_memory_of": "GPU allocated" if hardware.startswith("cuda")
-                    else "process resident"})
+                    "peak_memory_of": _memory_kind(hardware)})
     return out
+
+
+def _memory_kind(device: str) -> str:
+    """What peak memory measures on `device` (see `protocol._account`)."""
+    return "GPU allocated" if device.startswith("cuda") else "process resident"
 
 
 def _hardware(result: RunResult) -> str:

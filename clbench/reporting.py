@@ -134,7 +134,7 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
                       "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
                       "metrics": {k: v.value for k, v in r.metrics.items()}}
                      for d, r in found],
-            "comparison": comparison(found, groups), "cost": cost_comparison(found, groups)}
+            "comparison": comparison(groups), "cost": cost_comparison(groups)}
     if skipped:
         data["skipped"] = skipped
     if as_json:

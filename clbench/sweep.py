@@ -77,8 +77,8 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     dirs = [Path(r.out_dir) for r in runs if (Path(r.out_dir) / RESULTS_FILENAME).is_file()]
     found = collect_results(dirs)
     groups = comparison_groups(found)
-    data = comparison(found, groups)
-    print_comparison(console, data, cost_comparison(found, groups))
+    data = comparison(groups)
+    print_comparison(console, data, cost_comparison(groups))
     if incomplete:
         report_failures(incomplete, len(runs), console)
     if broken:

@@ -8,7 +8,8 @@ import pytest
 from test_rundir import _old_hash, _run
 
 from clbench import registry
-from clbench.comparison import comparison, cost_comparison, cost_tables
+from clbench.comparison import comparison_groups, cost_comparison, cost_tables
+from clbench.comparison import comparison as compare_groups
 from clbench.results import MetricValue, new_result
 from clbench.suites import build_run_spec
 
@@ -78,11 +79,11 @@ def test_cost_per_run_by_hardware_with_wall_time_and_peak_memory(tmp_path: Path)
              (tmp_path / "b", _complete(1, 11200.0, peak=11200 * 2**20)),
              (tmp_path / "c", _complete(2, 243.6, "cuda:0", peak=6 * 2**30)),
              (tmp_path / "d", _complete(3, 90.0, "cuda:0", processes=4))]
-    (rows,) = cost_comparison(found).values()
+    (rows,) = cost_comparison(comparison_groups(found)).values()
     assert [(c["hardware"], c["runs"]) for c in rows] == [("cpu", 2), ("cuda", 1), ("cuda x4", 1)]
     assert rows[0]["wall_time_s"]["mean"] == pytest.approx(7600.0)
     assert rows[0]["peak_memory_bytes"] == 11200 * 2**20  # the largest, not a mean
-    ((title, header, table),) = cost_tables(cost_comparison(found))
+    ((title, header, table),) = cost_tables(cost_comparison(comparison_groups(found)))
     assert title == "smoke: cost per run"
     assert header == ["method", "hardware", "runs", "wall time per run", "peak memory"]
     assert table == [
@@ -94,5 +95,11 @@ def test_cost_per_run_by_hardware_with_wall_time_and_peak_memory(tmp_path: Path)
 def test_cost_of_runs_that_recorded_none(tmp_path: Path) -> None:
     """Results from before compute was recorded (or a run resumed from row 0 only) show a dash,
     not a zero."""
-    ((_, _, table),) = cost_tables(cost_comparison([(tmp_path / "a", _complete(0, None))]))
+    groups = comparison_groups([(tmp_path / "a", _complete(0, None))])
+    ((_, _, table),) = cost_tables(cost_comparison(groups))
     assert table == [["sft", "unrecorded", "1", "—", "—"]]
+
+
+def comparison(found):
+    """Metrics over seeds of runs as found on disk (path, result)."""
+    return compare_groups(comparison_groups(found))
