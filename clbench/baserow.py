@@ -40,7 +40,6 @@ from clbench.results import Cell
 
 if TYPE_CHECKING:
     from clbench.rows import ColumnPlan
-    from clbench.results import RunResult
     from clbench.specs import RunSpec
 
 ROW_FILE = "row.json"
@@ -106,8 +105,11 @@ def files_fingerprint(folders: Sequence[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
-def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], result: RunResult) -> str:
-    """The cache key of row 0 (see the module docstring for what it covers)."""
+def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, Any],
+                 versions: dict[str, str]) -> str:
+    """The cache key of row 0 (see the module docstring for what it covers): `resolved` is how
+    the model was resolved (``RunResult.model.resolved``), `versions` the library versions of
+    the process that evaluates (:func:`clbench.results.collect_versions`)."""
     from clbench.lmeval_tasks import user_task_folders
 
     protocol = run.suite.protocol
@@ -123,7 +125,7 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], result: RunResult) -
             column["probe"] = plan.probe.model_dump(mode="json")
             column["files"] = files_fingerprint(user_task_folders(plan.probe, base_dir))
         columns.append(column)
-    resolved = dict(result.model.resolved)
+    resolved = dict(resolved)
     # the kind of device, not its index: runs pinned to different GPUs share the row
     resolved["device"] = str(resolved.get("device", "")).split(":")[0]
     content = {
@@ -133,7 +135,7 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], result: RunResult) -
         "model": run.model.model_dump(mode="json"),
         "weights": model_fingerprint(run.model.name),
         "resolved": resolved,
-        "versions": result.versions,
+        "versions": versions,
         "code": code_fingerprint(),
         "seed": run.seed if row_depends_on_seed(run) else None,
     }

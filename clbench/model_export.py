@@ -1,6 +1,6 @@
 """A run's trained model as a Hugging Face model folder, for tools outside clbench.
 
-A run keeps the student of its last completed stage in `checkpoints/stage{t}/` in the form
+A run keeps the student of its last trained stage in `checkpoints/stage{t}/` in the form
 resuming needs (weights without config or tokenizer, method state, RNG states). Exporting
 rebuilds the run's model from its identity, loads those weights and saves config, weights and
 tokenizer with `save_pretrained`, so `from_pretrained(folder)` and lm-eval's `hf` model load it,
@@ -48,7 +48,7 @@ def export_model(run_dir: str | Path, out_dir: str | Path) -> tuple[Path, int]:
                           "cannot be rebuilt") from None
     stages = saved_stages(run_dir)
     if not stages:
-        raise RunDirError(f"{run_dir}: no checkpoint yet (the run has completed no stage)")
+        raise RunDirError(f"{run_dir}: no checkpoint yet (the run has trained no stage)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunDirError(f"{out} exists and is not an empty folder; choose another")
     weights = run_dir / "checkpoints" / f"stage{stages[-1]}" / STUDENT_WEIGHTS

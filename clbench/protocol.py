@@ -7,13 +7,16 @@ t) and keeps the run directory resumable at every moment:
     results.json              the partial, then complete, result (atomic writes)
     run.log                   log file
     items/row{t}/{col}.jsonl  per-item evaluation records behind every cell
+    items/row{t}/cells.json   the cells of row t's columns evaluated so far
     stages/stage{t}.json      the method's full stage report (every step)
-    checkpoints/stage{t}/     student weights, method state, RNG states of the last stage done
+    checkpoints/stage{t}/     student weights, method state, RNG states of the last stage trained
 
-A stage counts as done once its row is in results.json; the checkpoint is written before the row,
-so a run killed at any moment resumes from the last row on disk. Every stage re-seeds all RNGs
-from (run seed, stage index), so a resumed run draws exactly the numbers an uninterrupted run
-draws and, on CPU, ends with a bit-identical R.
+A stage is checkpointed as soon as it is trained, before its row is evaluated, and counts as done
+once its row is in results.json. A run killed at any moment resumes from what is on disk: during
+training, the stage is trained again from the last done stage; during evaluation, the trained
+stage is loaded and only the columns not yet saved are evaluated (:mod:`clbench.rows`). Every
+stage re-seeds all RNGs from (run seed, stage index), so a resumed run draws exactly the numbers
+an uninterrupted run draws and, on CPU, ends with a bit-identical R.
 
 Launched as several processes (accelerate, torchrun), every process runs this loop on its share
 of the work (:mod:`clbench.engine.distributed`): training is data-parallel, each column's items are
@@ -41,7 +44,7 @@ from clbench import registry
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError, stop_of
 from clbench.metrics.continual import compute_metrics
-from clbench.progress import run_progress
+from clbench.progress import AnyProgress, run_progress
 from clbench.reporting import print_summary
 from clbench.results import (
     RESULTS_FILENAME,
@@ -51,12 +54,14 @@ from clbench.results import (
     new_result,
     write_results,
 )
-from clbench.rows import ColumnPlan, base_row, evaluate_row, plan_columns, to_cells
+from clbench.rows import ColumnPlan, base_row, evaluate_row, evaluation_stamp, \
+    forget_saved_cells, plan_columns, to_cells
 from clbench.rundir import (
     IDENTITY_FILE,
     RunDirError,
     check_run_dir,
     first_missing_folder,
+    has_checkpoint,
     load_checkpoint,
     lock_run_dir,
     prune_checkpoints,
@@ -71,7 +76,7 @@ from clbench.tasks.base import TaskSizeError
 if TYPE_CHECKING:
     import torch
 
-    from clbench.engine.api import Method
+    from clbench.engine.api import Method, StageReport
     from clbench.engine.distributed import Distributed
     from clbench.tasks.base import Example, TaskSource
 
@@ -264,8 +269,6 @@ def make_distributed(run: RunSpec) -> Distributed:
 def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[str, Any],
              previous: RunResult | None, console: Console, dist: Distributed,
              loaded: tuple[Any, Any], items: _Items) -> RunResult:
-    from clbench.engine.api import StageContext
-
     clock = _Clock()
     device, main = dist.device, dist.is_main
     model, tokenizer = loaded
@@ -277,20 +280,30 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     result.method.config = method_config
     result.status, result.error = "partial", None  # a failed run that is resumed is partial again
     done = max(0, len(result.matrix) - 1)
-    if done:
-        load_checkpoint(run_dir, done, model, method)
-        log.info("resuming %s after stage %d", run_dir, done)
-        console.print(f"resuming after stage {done} of {len(run.suite.stages)}")
+    stages_total = len(run.suite.stages)
+    # a stage trained, but stopped before its row was complete: its evaluation continues
+    trained = done + 1 if result.matrix and done < stages_total and \
+        has_checkpoint(run_dir, done + 1) else None
+    if trained or done:
+        load_checkpoint(run_dir, trained or done, model, method)
+        log.info("resuming %s after stage %d%s", run_dir, done,
+                 f" (stage {trained} trained)" if trained else "")
+        message = f"resuming after stage {done} of {stages_total}" if done else "resuming"
+        if trained:
+            message += (f"{'; ' if done else ': '}stage {trained} was trained before the stop, "
+                        "its evaluation continues")
+        console.print(message)
     result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                              "parameters": sum(p.numel() for p in model.parameters()),
                              "device": str(device), **dist.describe()}
+    stamp = evaluation_stamp(run, plans, result.model.resolved)
     stage = done
     try:
         with run_progress(console, disable=not main) as progress, dist.autocast():
             if not result.matrix:
                 seed_everything(derive_seed(run.seed, 0))
                 result.matrix.append(base_row(run, plans, model, tokenizer, run_dir, progress,
-                                              result, console, dist))
+                                              result, console, dist, stamp))
                 result.row_labels.append("base")
                 if main:
                     write_results(run_dir / RESULTS_FILENAME, result)
@@ -298,31 +311,23 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
             stages_bar = progress.add_task("stages", total=len(run.suite.stages), completed=done)
             for stage in range(done + 1, len(run.suite.stages) + 1):
                 spec = run.suite.stages[stage - 1]
-                stage_seed = derive_seed(run.seed, stage)
-                seed_everything(stage_seed)
-                steps_bar = progress.add_task(f"stage {stage} {spec.name}: train",
-                                              total=spec.budget.steps)
-
-                def log_step(record: dict[str, Any], bar: Any = steps_bar, s: int = stage) -> None:
-                    progress.advance(bar)
-                    log.info("stage %d step %s", s, json.dumps(record, default=str))
-
-                ctx = StageContext(
-                    model=model, tokenizer=tokenizer, task=items.stage_tasks[stage - 1],
-                    train_examples=items.train_sets[stage - 1],  # type: ignore[arg-type]
-                    budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
-                    device=device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
-                    dist=dist, train_model=train_model)
-                ctx.work_dir.mkdir(parents=True, exist_ok=True)
-                report = method.train_stage(ctx)
-                progress.remove_task(steps_bar)
+                if stage == trained:
+                    report = _stage_report(run_dir, stage)
+                else:
+                    if main:  # scored with the model about to be retrained
+                        forget_saved_cells(run_dir, stage)
+                    report = _train_stage(run, method, items, stage, model, tokenizer,
+                                          train_model, run_dir, progress, dist)
+                    if main:  # the report first: a trained checkpoint always has one
+                        atomic_write_json(_report_path(run_dir, stage), {
+                            "steps": report.steps, "counters": report.counters,
+                            "wall_time": report.wall_time, "extra": report.extra}, indent=None)
+                        save_checkpoint(run_dir, stage, model, method)
+                        prune_checkpoints(run_dir, stage)
+                    dist.wait()
                 seed_everything(derive_seed(run.seed, stage, "eval"))
-                cells = evaluate_row(stage, plans, model, tokenizer, run, run_dir, progress, dist)
-                if main:
-                    atomic_write_json(run_dir / "stages" / f"stage{stage}.json", {
-                        "steps": report.steps, "counters": report.counters,
-                        "wall_time": report.wall_time, "extra": report.extra}, indent=None)
-                    save_checkpoint(run_dir, stage, model, method)
+                cells = evaluate_row(stage, plans, model, tokenizer, run, run_dir, progress,
+                                     stamp, dist)
                 result.stages.append(StageRecord(
                     index=stage, name=spec.name, summary=report.summary(),
                     counters=report.counters, wall_time=report.wall_time,
@@ -332,14 +337,15 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 _account(result, clock.lap(), device)
                 if main:
                     write_results(run_dir / RESULTS_FILENAME, result)
-                    prune_checkpoints(run_dir, stage)
                 dist.wait()
                 progress.advance(stages_bar)
                 log.info("stage %d (%s) done", stage, spec.name)
     except KeyboardInterrupt as exc:
         log.warning("%s during %s", stop_of(exc)[0], f"stage {stage}" if stage else "row 0")
-        raise RunInterrupted.after(exc, f"{saved_rows(len(result.matrix), run_dir)}. "
-                                   "Continue with the same command plus --resume") from None
+        rows = len(result.matrix)
+        kept = saved_rows(rows, run_dir, trained=has_checkpoint(run_dir, rows) and rows > 0)
+        raise RunInterrupted.after(exc, f"{kept}. Continue with the same command plus --resume"
+                                   ) from None
     except Exception as exc:
         result.status = "failed"
         result.error = f"stage {stage}: {type(exc).__name__}: {exc}"
@@ -358,14 +364,66 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     return result
 
 
-def saved_rows(rows: int, run_dir: Path) -> str:
-    """What a stopped run keeps, from its number of complete rows of R (row 0 is the base)."""
+def saved_rows(rows: int, run_dir: Path, trained: bool = False) -> str:
+    """What a stopped run keeps, from its number of complete rows of R (row 0 is the base) and
+    whether the next stage was trained (and checkpointed) before the stop."""
     if rows == 0:
         return f"no row was complete yet (row 0, the base model, was being evaluated) in {run_dir}"
     if rows == 1:
-        return f"row 0 (the base model) is saved in {run_dir}"
-    stages = "stage 1" if rows == 2 else f"stages 1..{rows - 1}"
-    return f"row 0 and {stages} are saved in {run_dir}"
+        kept = "row 0 (the base model) is saved"
+    else:
+        stages = "stage 1" if rows == 2 else f"stages 1..{rows - 1}"
+        kept = f"row 0 and {stages} are saved"
+    if trained:
+        kept += f", and stage {rows} is trained (its evaluation continues where it stopped)"
+    return f"{kept} in {run_dir}"
+
+
+def _train_stage(run: RunSpec, method: Method, items: _Items, stage: int, model: Any,
+                 tokenizer: Any, train_model: Any, run_dir: Path, progress: AnyProgress,
+                 dist: Distributed) -> StageReport:
+    """Train one stage with the method, seeded from (run seed, stage); the method's report."""
+    from clbench.engine.api import StageContext
+
+    spec = run.suite.stages[stage - 1]
+    stage_seed = derive_seed(run.seed, stage)
+    seed_everything(stage_seed)
+    steps_bar = progress.add_task(f"stage {stage} {spec.name}: train", total=spec.budget.steps)
+
+    def log_step(record: dict[str, Any]) -> None:
+        progress.advance(steps_bar)
+        log.info("stage %d step %s", stage, json.dumps(record, default=str))
+
+    ctx = StageContext(
+        model=model, tokenizer=tokenizer, task=items.stage_tasks[stage - 1],
+        train_examples=items.train_sets[stage - 1],  # type: ignore[arg-type]
+        budget=spec.budget, stage_index=stage,
+        stage_name=spec.name, seed=stage_seed, device=dist.device,
+        work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step, dist=dist,
+        train_model=train_model)
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    report = method.train_stage(ctx)
+    progress.remove_task(steps_bar)
+    return report
+
+
+def _report_path(run_dir: Path, stage: int) -> Path:
+    return run_dir / "stages" / f"stage{stage}.json"
+
+
+def _stage_report(run_dir: Path, stage: int) -> StageReport:
+    """The report of a stage trained before a stop, as the method returned it."""
+    from clbench.engine.api import StageReport
+
+    try:
+        saved = json.loads(_report_path(run_dir, stage).read_text(encoding="utf-8"))
+        return StageReport(steps=saved["steps"], counters=saved["counters"],
+                           wall_time=saved["wall_time"], extra=saved["extra"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunDirError(f"{run_dir}: stage {stage} is checkpointed but its report "
+                          f"{_report_path(run_dir, stage)} cannot be read ({exc}); the run "
+                          "cannot be resumed (the stage before it is no longer checkpointed)"
+                          ) from None
 
 
 class _Clock:

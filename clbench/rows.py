@@ -4,11 +4,20 @@ A column is a stream task's or a probe's evaluation items (or an lm-eval probe);
 column scored with the model as it is after a stage. Every method is evaluated by this same code
 path, with per-item records saved beside the results. Row 0 goes through the base-row cache
 (:mod:`clbench.baserow`).
+
+A row is saved column by column: each column's records, then its cell in
+`items/row{t}/cells.json`, stamped with everything the evaluation depends on besides the model's
+weights (:func:`evaluation_stamp`). A run stopped halfway through a row evaluates only the columns
+not saved when it resumes, with the same model (the trained stage's checkpoint, see
+:mod:`clbench.protocol`) under the same stamp (same items, decoding, device kind and precision,
+library versions and code); the protocol removes a row's saved cells whenever it trains that
+stage afresh.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 
 from clbench import baserow, registry
-from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, records_path, \
-    summarise_cell, write_records
+from clbench.atomic import atomic_write_text
+from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, read_records, \
+    records_path, summarise_cell, write_records
 from clbench.progress import AnyProgress
 from clbench.results import Cell, RunResult
 from clbench.seeding import derive_seed
@@ -29,6 +39,9 @@ if TYPE_CHECKING:
     from clbench.tasks.base import Example, TaskSource
 
 log = logging.getLogger("clbench.rows")
+
+#: Per row, the cells of the columns evaluated so far (see the module docstring).
+CELLS_FILE = "cells.json"
 
 
 class ColumnPlan:
@@ -58,10 +71,22 @@ def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
     return plans, stage_tasks
 
 
+def evaluation_stamp(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, Any]) -> str:
+    """What a row's evaluation depends on besides the weights, as a key: row 0's cache key
+    (:func:`clbench.baserow.base_row_key`) with this process's library versions. `resolved` is
+    how the model was resolved (``RunResult.model.resolved``)."""
+    from clbench.results import collect_versions
+
+    return baserow.base_row_key(run, plans, resolved, collect_versions())
+
+
 def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
-                 run: RunSpec, run_dir: Path, progress: AnyProgress,
+                 run: RunSpec, run_dir: Path, progress: AnyProgress, stamp: str,
                  dist: Distributed | None = None) -> list[CellResult]:
     """Evaluate every column with the model as it is now; save the items of each cell.
+
+    Columns of this row saved under the same `stamp` (:func:`evaluation_stamp`) by an
+    evaluation that stopped are kept, not evaluated again.
 
     With several processes each grades a contiguous share of a column's items; the records are
     gathered in item order and every process computes the same cell. lm-eval probes run on the
@@ -73,8 +98,19 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
     main = dist is None or dist.is_main
     sharded = dist is not None and world > 1
     boot = run.suite.protocol.bootstrap_samples
+    saved = saved_cells(run_dir, row, plans, stamp) if main else None
+    if dist is not None and world > 1:
+        saved = dist.broadcast(saved)  # the main process's reading, on every process
+    assert saved is not None
+    if saved:
+        log.info("row %d: columns %s were saved before a stop and are kept", row,
+                 ", ".join(saved))
+    summaries = {name: cell.summary() for name, cell in saved.items()}
     cells = []
     for plan in plans:
+        if plan.name in saved:
+            cells.append(saved[plan.name])
+            continue
         boot_seed = derive_seed("bootstrap", plan.name, row)
         if plan.task is not None:
             examples = plan.examples
@@ -107,27 +143,68 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
             assert cell is not None
         if main:
             write_records(records_path(run_dir, row, plan.name), cell.records)
+            summaries[plan.name] = cell.summary()
+            # NaN allowed: an lm-eval score may be one (results.json writes it as null)
+            atomic_write_text(_cells_path(run_dir, row), json.dumps(
+                {"stamp": stamp, "cells": summaries}, ensure_ascii=False))
         log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
         cells.append(cell)
     return cells
 
 
+def _cells_path(run_dir: Path, row: int) -> Path:
+    return records_path(run_dir, row, CELLS_FILE).with_name(CELLS_FILE)
+
+
+def saved_cells(run_dir: Path, row: int, plans: Sequence[ColumnPlan],
+                stamp: str) -> dict[str, CellResult]:
+    """The columns of `row` saved by an evaluation that stopped before the row was complete,
+    by name: only those saved under `stamp`, whose records are intact and are the column's
+    items. Anything else is evaluated again."""
+    try:
+        saved = json.loads(_cells_path(run_dir, row).read_text(encoding="utf-8"))
+        summaries = saved["cells"] if saved["stamp"] == stamp else {}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
+    kept = {}
+    for plan in plans:
+        if not isinstance(summaries, dict) or plan.name not in summaries:
+            continue
+        try:
+            records = read_records(records_path(run_dir, row, plan.name))
+            cell = CellResult(**summaries[plan.name], records=records)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        items = [e.id for e in plan.examples] if plan.task is not None else None
+        if cell.column == plan.name and cell.n == len(records) and \
+                (items is None or [r.id for r in records] == items):
+            kept[plan.name] = cell
+    return kept
+
+
+def forget_saved_cells(run_dir: Path, row: int) -> None:
+    """Drop the saved columns of `row`: they were scored with a model about to be retrained."""
+    _cells_path(run_dir, row).unlink(missing_ok=True)
+
+
 def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
              run_dir: Path, progress: AnyProgress, result: RunResult, console: Console,
-             dist: Distributed) -> list[Cell | None]:
+             dist: Distributed, stamp: str) -> list[Cell | None]:
     """Row 0: from the shared cache when an identical row was computed before, else evaluated
     (and cached). The result records which, under `artifacts["base_row"]`.
 
     One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
     row once. Several processes of one run evaluate together, so the main process looks the row up
-    and tells the others (a lock held across a shared evaluation could deadlock).
+    and tells the others (a lock held across a shared evaluation could deadlock). The cache key
+    is the evaluation's `stamp` (:func:`evaluation_stamp`).
     """
     def compute() -> list[Cell | None]:
-        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, dist))
+        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, stamp,
+                                     dist))
 
     if not run.reuse_base_row:
         return compute()
-    key = baserow.base_row_key(run, plans, result)
+    key = stamp
     names = [p.name for p in plans]
     def announce_wait() -> None:  # a sweep's other runs start together and share one row 0
         log.info("row 0: another run holds the cache entry of the same row (key %s), "

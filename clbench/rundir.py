@@ -6,7 +6,8 @@ another. The identity is compared as the current schemas read it: a field that a
 added, at its default, does not make a run folder from before "another run" (a new field's
 default keeps the old behaviour), while any value that differs still does, named by its path.
 `checkpoints/stage{t}/` holds the student, the method's state and the RNG states of the last
-stage done, written into a temp folder and renamed into place.
+stage trained (written as soon as it is trained, before its row is evaluated), written into a
+temp folder and renamed into place.
 """
 
 from __future__ import annotations
@@ -266,13 +267,18 @@ def save_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> Pa
     return final
 
 
+def has_checkpoint(run_dir: Path, stage: int) -> bool:
+    """True when the checkpoint of `stage` is on disk (it is renamed into place complete)."""
+    return (run_dir / "checkpoints" / f"stage{stage}" / "state.pt").is_file()
+
+
 def load_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> None:
     """Restore student weights and method state of `stage` (RNGs are re-seeded per stage)."""
     import torch
     from safetensors.torch import load_model
 
     folder = run_dir / "checkpoints" / f"stage{stage}"
-    if not (folder / "state.pt").is_file():
+    if not has_checkpoint(run_dir, stage):
         raise RunDirError(f"{run_dir}: results say stage {stage} is done but its checkpoint "
                           f"{folder} is missing; the run cannot be resumed")
     load_model(model, str(folder / STUDENT_WEIGHTS), device=str(model.device))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 
 from test_protocol import PLUGINS, SUITE, run_cli, write_suite
 
@@ -20,9 +19,8 @@ def _key(suite: Path, seed: int = 0, model: str | None = "org/some-model",
         run = build_run_spec(str(suite), "test.echo-sft", seed=seed, out_dir="unused",
                              overrides=list(sets), model=model)
         plans, _ = plan_columns(run)
-    result = SimpleNamespace(model=SimpleNamespace(resolved=resolved or {"dtype": "float32"}),
-                             versions={"clbench": "0.1.0", "torch": "2.13.0"})
-    return baserow.base_row_key(run, plans, result)
+    return baserow.base_row_key(run, plans, resolved or {"dtype": "float32"},
+                                {"clbench": "0.1.0", "torch": "2.13.0"})
 
 
 def test_key_covers_what_row0_depends_on_and_nothing_else(tmp_path: Path) -> None:

@@ -35,6 +35,18 @@ def test_the_exported_model_is_the_runs_last_student(tmp_path: Path) -> None:
     start, _ = load_model("tiny-llama", device="cpu", dtype="float32", seed=0)
     assert any(not torch.equal(start.state_dict()[k], v) for k, v in saved.items())
 
+    # stopped while evaluating stage 2 (its row not in the results): the export says so
+    from clbench.results import read_results, write_results
+
+    partial = read_results(run / "results.json")
+    partial.status, partial.matrix, partial.row_labels = "partial", partial.matrix[:2], \
+        partial.row_labels[:2]
+    write_results(run / "results.json", partial)
+    res = run_cli(["export-model", str(run), str(tmp_path / "model-2")])
+    assert res.exit_code == 0, res.output
+    assert "after stage 2 (trained; the run stopped before its row of R was complete)" in \
+        " ".join(res.output.split())
+
 
 def test_export_refusals(tmp_path: Path) -> None:
     from clbench.model_export import export_model
@@ -45,7 +57,7 @@ def test_export_refusals(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()
     (run / "run.json").write_text('{"model": {"name": "tiny-llama"}, "seed": 0}')
-    with pytest.raises(RunDirError, match="no checkpoint yet"):
+    with pytest.raises(RunDirError, match="no checkpoint yet .the run has trained no stage"):
         export_model(run, tmp_path / "model")
     (run / "run.json").write_text("{")
     with pytest.raises(RunDirError, match="run.json is damaged"):

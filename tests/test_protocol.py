@@ -31,6 +31,14 @@ from clbench.tasks.base import Example, Grade, TaskParams, TaskSource
 
 
 PAUSE_ENV = "CLBENCH_TEST_PAUSE_AT"  # "stage:step" where EchoSFT waits to be killed
+PAUSE_GRADE_ENV = "CLBENCH_TEST_PAUSE_AT_GRADE"  # the n-th grading where EchoDigit waits
+_grades = [0]  # gradings so far in this process
+
+
+def _pause_here(marker_env: str) -> None:
+    """test_resume.py kills the process while it waits here."""
+    Path(os.environ[marker_env]).write_text("paused")
+    time.sleep(300)
 
 
 class DigitParams(TaskParams):
@@ -53,6 +61,9 @@ class EchoDigit(TaskSource):
             for i in range(size)]
 
     def grade(self, example: Example, completion: str) -> Grade:
+        _grades[0] += 1
+        if os.environ.get(PAUSE_GRADE_ENV) == str(_grades[0]):
+            _pause_here(PAUSE_ENV + "_MARKER")
         ok = completion.startswith(str(example.answer))
         return Grade(1.0 if ok else 0.0, ok, None if ok else f"expected {example.answer}")
 
@@ -82,9 +93,7 @@ class EchoSFT(Method):
         report = StageReport()
         for step in range(ctx.budget.steps):
             if os.environ.get(PAUSE_ENV) == f"{ctx.stage_index}:{step}":
-                # test_resume.py kills the process here, in the middle of a stage
-                Path(os.environ[PAUSE_ENV + "_MARKER"]).write_text("paused")
-                time.sleep(300)
+                _pause_here(PAUSE_ENV + "_MARKER")  # in the middle of a stage
             pick = torch.randint(len(ctx.train_examples), (cfg.batch,)).tolist()
             loss_sum = torch.zeros(())
             for i in pick:

@@ -33,12 +33,15 @@ def _items(run_dir: Path) -> dict[str, str]:
             for p in sorted((run_dir / "items").rglob("*.jsonl"))}
 
 
-def _signal_mid_stage_2(args: list[str], tmp_path: Path, sig: int) -> tuple[int, str]:
-    """Run `clbench run` in a child paused inside stage 2, send it `sig`; (exit code, output)."""
+def _signal_mid_stage_2(args: list[str], tmp_path: Path, sig: int,
+                        pause: tuple[str, str] | None = None) -> tuple[int, str]:
+    """Run `clbench run` in a child paused inside stage 2 (by default at its step 1; `pause` is
+    another (variable, value) of test_protocol's pauses), send it `sig`; (exit code, output)."""
     from test_protocol import PAUSE_ENV
 
     marker = tmp_path / "paused"
-    env = dict(os.environ, **{PAUSE_ENV: "2:1", PAUSE_ENV + "_MARKER": str(marker)})
+    variable, value = pause or (PAUSE_ENV, "2:1")
+    env = dict(os.environ, **{variable: value, PAUSE_ENV + "_MARKER": str(marker)})
     # A shell that starts a job in the background has it ignore SIGINT, and children inherit
     # that (Python then installs no Ctrl-C handler): the child is given the default back.
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), *args],
@@ -87,6 +90,52 @@ def test_sigkill_mid_stage_then_resume_matches_uninterrupted_run(tmp_path: Path)
     assert {k: v.value for k, v in b.metrics.items()} == {k: v.value for k, v in a.metrics.items()}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)])
+def test_a_stop_mid_evaluation_keeps_the_trained_stage_and_the_saved_columns(
+        tmp_path: Path, sig: int, code: int) -> None:
+    from test_protocol import PAUSE_GRADE_ENV, SUITE, run_cli, write_suite
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
+    # sampled evaluation: a column evaluated after the resume draws what it would have drawn
+    common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
+              "--device", "cpu", "--no-base-cache", "--set", "protocol.decoding.temperature=1"]
+    straight = tmp_path / "straight"
+    assert run_cli(common + ["--out", str(straight)]).exit_code == 0
+
+    # 3 columns x 6 items a row: the 6 * 3 + 6 * 3 + 6 + 6 + 1 = 49th grading is the first item
+    # of row 2's last column, after stage 2 trained and its columns `low` and `high` were saved
+    killed = tmp_path / "killed"
+    exit_code, output = _signal_mid_stage_2(common + ["--out", str(killed)], tmp_path, sig,
+                                            pause=(PAUSE_GRADE_ENV, "49"))
+    assert exit_code == code, output
+    if sig == signal.SIGINT:
+        assert ("row 0 and stage 1 are saved, and stage 2 is trained (its evaluation continues "
+                "where it stopped)") in " ".join(output.split())
+    assert len(read_results(killed / "results.json").matrix) == 2  # base + stage 1
+    assert (killed / "checkpoints" / "stage2" / "state.pt").is_file()
+    assert not (killed / "checkpoints" / "stage1").exists()  # the trained stage 2 replaced it
+    kept = {name: (killed / "items" / "row2" / f"{name}.jsonl").stat().st_mtime_ns
+            for name in ("low", "high")}
+    assert not (killed / "items" / "row2" / "all.jsonl").exists()
+
+    res = run_cli(common + ["--out", str(killed), "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "stage 2 was trained before the stop, its evaluation continues" in \
+        " ".join(res.output.split())
+    log = (killed / "run.log").read_text()
+    assert log.count("stage 2 step") == 3  # trained once (3 steps), not again after the kill
+    assert {name: (killed / "items" / "row2" / f"{name}.jsonl").stat().st_mtime_ns
+            for name in kept} == kept  # the saved columns were not evaluated again
+    a, b = read_results(straight / "results.json"), read_results(killed / "results.json")
+    assert b.status == "complete"
+    assert b.score_matrix() == a.score_matrix()
+    assert [[c.model_dump() if c else None for c in row] for row in b.matrix] == \
+        [[c.model_dump() if c else None for c in row] for row in a.matrix]  # intervals too
+    assert _items(killed) == _items(straight)
+    assert [s.summary for s in b.stages] == [s.summary for s in a.stages]
+
+
 def test_resume_of_a_complete_run_reprints_without_training(tmp_path: Path) -> None:
     from test_protocol import SUITE, run_cli, write_suite
 
@@ -132,3 +181,95 @@ def test_stop_message_names_what_is_saved(tmp_path: Path) -> None:
     assert saved_rows(1, tmp_path) == f"row 0 (the base model) is saved in {tmp_path}"
     assert saved_rows(2, tmp_path) == f"row 0 and stage 1 are saved in {tmp_path}"
     assert saved_rows(4, tmp_path) == f"row 0 and stages 1..3 are saved in {tmp_path}"
+    assert saved_rows(1, tmp_path, trained=True) == (
+        f"row 0 (the base model) is saved, and stage 1 is trained (its evaluation continues "
+        f"where it stopped) in {tmp_path}")
+    assert saved_rows(3, tmp_path, trained=True) == (
+        f"row 0 and stages 1..2 are saved, and stage 3 is trained (its evaluation continues "
+        f"where it stopped) in {tmp_path}")
+
+
+def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from test_protocol import PLUGINS, write_suite
+
+    from clbench import registry, rows
+    from clbench.evaluation import read_records, records_path, write_records
+    from clbench.models import load_model
+    from clbench.progress import run_progress
+    from clbench.suites import build_run_spec
+    from rich.console import Console
+
+    with registry.extra_plugins(**PLUGINS):
+        run = build_run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
+                             out_dir=str(tmp_path / "r"), overrides=[])
+        plans, _ = rows.plan_columns(run)
+    model, tokenizer = load_model(run.model, device="cpu")
+    run_dir = Path(run.out_dir)
+    stamp = rows.evaluation_stamp(run, plans, {"dtype": "float32", "device": "cpu"})
+    with run_progress(Console(quiet=True)) as progress:
+        cells = rows.evaluate_row(1, plans, model, tokenizer, run, run_dir, progress, stamp)
+    names = [p.name for p in plans]
+    assert list(rows.saved_cells(run_dir, 1, plans, stamp)) == names
+    assert [c.summary() for c in rows.saved_cells(run_dir, 1, plans, stamp).values()] == \
+        [c.summary() for c in cells]
+
+    def no_evaluation(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a saved column was evaluated again")
+
+    monkeypatch.setattr(rows, "evaluate_column", no_evaluation)
+    with run_progress(Console(quiet=True)) as progress:
+        again = rows.evaluate_row(1, plans, model, tokenizer, run, run_dir, progress, stamp)
+    assert [(c.summary(), c.records) for c in again] == [(c.summary(), c.records) for c in cells]
+
+    # records that are not the column's items (here: one item short) are not trusted
+    low = records_path(run_dir, 1, "low")
+    write_records(low, read_records(low)[:-1])
+    assert list(rows.saved_cells(run_dir, 1, plans, stamp)) == names[1:]
+    # cells saved under another stamp (here: another device kind; or an upgrade between the
+    # stop and the resume) are not trusted
+    on_gpu = rows.evaluation_stamp(run, plans, {"dtype": "float32", "device": "cuda:0"})
+    assert on_gpu != stamp and rows.saved_cells(run_dir, 1, plans, on_gpu) == {}
+    saved_file = low.with_name(rows.CELLS_FILE)
+    saved = json.loads(saved_file.read_text())
+    saved_file.write_text("{damaged")
+    assert rows.saved_cells(run_dir, 1, plans, stamp) == {}
+    saved_file.write_text(json.dumps(saved))
+    rows.forget_saved_cells(run_dir, 1)  # the stage is about to be trained again
+    assert rows.saved_cells(run_dir, 1, plans, stamp) == {}
+    assert rows.saved_cells(run_dir, 2, plans, stamp) == {}  # nothing saved for that row at all
+
+
+def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An lm-eval score can be NaN (a diverged model's perplexity): saving the row's cells
+    must not fail on it, and the saved NaN must come back as NaN."""
+    import math
+
+    from test_protocol import PLUGINS, write_suite
+
+    from clbench import registry, rows
+    from clbench.evaluation import CellResult, ItemRecord
+    from clbench.progress import run_progress
+    from clbench.suites import build_run_spec
+    from rich.console import Console
+
+    with registry.extra_plugins(**PLUGINS):
+        run = build_run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
+                             out_dir=str(tmp_path / "r"), overrides=[])
+        plans, _ = rows.plan_columns(run)
+
+    def nan_cell(column: str, task: object, examples: list, *args: object,
+                 **kwargs: object) -> CellResult:
+        records = [ItemRecord(ex.id, "", 0.0, False) for ex in examples]
+        return CellResult(column, float("nan"), float("nan"), len(records), None, records)
+
+    monkeypatch.setattr(rows, "evaluate_column", nan_cell)
+    monkeypatch.setattr(rows, "make_generate_fn", lambda *args, **kwargs: None)
+    with run_progress(Console(quiet=True)) as progress:
+        rows.evaluate_row(1, plans, None, None, run, Path(run.out_dir), progress, "stamp")
+    saved = rows.saved_cells(Path(run.out_dir), 1, plans, "stamp")
+    assert list(saved) == [p.name for p in plans]
+    assert all(math.isnan(cell.score) for cell in saved.values())

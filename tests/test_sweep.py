@@ -145,17 +145,22 @@ def test_complete_runs_are_skipped_not_relaunched(tmp_path: Path, in_process_gri
     assert "(n=2)" in res.output
 
 
-def test_a_failed_child_leaves_the_others_and_is_named_with_its_log(
-        tmp_path: Path, in_process_grid: Path) -> None:
-    root = tmp_path / "grid"
-    shutil.copytree(in_process_grid, root)
-    # Seed 1 looks resumable to the sweep (its own run, stage 1 of 2 done) but its stage-1
-    # checkpoint was pruned when stage 2 finished: the child fails when it loads it.
+def _break_seed_1(root: Path) -> None:
+    """Seed 1 looks resumable to the sweep (its own run, stage 1 of 2 done) but has lost its
+    checkpoints (stage 1's was pruned when stage 2 was trained): the run fails loading it."""
+    shutil.rmtree(run_dir(root, 1) / "checkpoints")
     broken = read_results(run_dir(root, 1) / "results.json")
     broken.status = "partial"
     broken.matrix, broken.row_labels, broken.stages = \
         broken.matrix[:2], broken.row_labels[:2], broken.stages[:1]
     write_results(run_dir(root, 1) / "results.json", broken)
+
+
+def test_a_failed_child_leaves_the_others_and_is_named_with_its_log(
+        tmp_path: Path, in_process_grid: Path) -> None:
+    root = tmp_path / "grid"
+    shutil.copytree(in_process_grid, root)
+    _break_seed_1(root)
     complete = (run_dir(root, 0) / "results.json").read_bytes()
 
     res = sweep_cli(root, "0,1,2")
@@ -176,11 +181,7 @@ def test_a_failed_run_in_process_leaves_the_others_and_fails_the_sweep(
     the sweep exits non-zero naming the failed run."""
     root = tmp_path / "grid"
     shutil.copytree(in_process_grid, root)
-    broken = read_results(run_dir(root, 1) / "results.json")  # as in the test above
-    broken.status = "partial"
-    broken.matrix, broken.row_labels, broken.stages = \
-        broken.matrix[:2], broken.row_labels[:2], broken.stages[:1]
-    write_results(run_dir(root, 1) / "results.json", broken)
+    _break_seed_1(root)
 
     res = sweep_cli(root, "0,1,2", "--jobs", "1")
     assert res.exit_code == 2, res.output

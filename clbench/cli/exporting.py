@@ -3,10 +3,15 @@ other tools read (lm-eval tasks, a Hugging Face model folder)."""
 
 from __future__ import annotations
 
+import contextlib
+from pathlib import Path
+
 import click
 from rich.markup import escape
 
 from clbench.cli.app import cli, parse_sets, stdout_console
+from clbench.errors import UserError
+from clbench.results import RESULTS_FILENAME, read_results
 
 @cli.command("export-lm-eval")
 @click.argument("out_dir", type=click.Path(file_okay=False))
@@ -45,8 +50,10 @@ def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) 
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
 def export_model_command(run_dir: str, out_dir: str) -> None:
-    """Write a run's trained model (after its last completed stage) as a Hugging Face model
+    """Write a run's trained model (after its last trained stage) as a Hugging Face model
     folder: config, safetensors weights, tokenizer. `from_pretrained` and lm-eval load it.
+    A run stopped while evaluating a stage has that stage's model: its row of R is not in the
+    results yet.
 
     \b
     Example:
@@ -55,5 +62,9 @@ def export_model_command(run_dir: str, out_dir: str) -> None:
     from clbench.model_export import export_model
 
     out, stage = export_model(run_dir, out_dir)
-    stdout_console().print(f"wrote the model after stage {stage} of {escape(run_dir)} to "
+    note = ""
+    with contextlib.suppress(UserError):
+        if len(read_results(Path(run_dir) / RESULTS_FILENAME).matrix) <= stage:
+            note = " (trained; the run stopped before its row of R was complete)"
+    stdout_console().print(f"wrote the model after stage {stage}{note} of {escape(run_dir)} to "
                            f"{escape(str(out))}", soft_wrap=True)

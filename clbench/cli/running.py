@@ -38,7 +38,8 @@ from clbench.seeding import MAX_SEED
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override: method.X (method config), model.X (model) or any suite field, "
                    "e.g. --set stages[0].budget.steps=4 (repeatable).")
-@click.option("--resume", is_flag=True, help="Continue a run from its last completed stage.")
+@click.option("--resume", is_flag=True, help="Continue a stopped run where it stopped (a trained stage is not "
+              "trained again, a saved column not evaluated again).")
 @click.option("--model", "model_name", default=None, metavar="NAME", callback=not_empty,
               help="Model to train instead of the suite's default (hub id, path, tiny-*).")
 @device_option
