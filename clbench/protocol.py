@@ -23,8 +23,9 @@ of the work (:mod:`clbench.engine.distributed`): training is data-parallel, each
 split over the processes and their records gathered in item order, lm-eval probes run on the
 main process. Only the main process writes files, logs and prints; a barrier follows each write.
 
-The run directory's identity and checkpoints live in :mod:`clbench.rundir`, the columns and the
-evaluation of a row in :mod:`clbench.rows`, seeds in :mod:`clbench.seeding`. A grid of methods x
+The run directory's identity and checkpoints live in :mod:`clbench.rundir`, the training and
+keeping of one stage in :mod:`clbench.stages`, the columns and the evaluation of a row in
+:mod:`clbench.rows`, seeds in :mod:`clbench.seeding`. A grid of methods x
 seeds is :mod:`clbench.sweep`; tables live in :mod:`clbench.reporting`.
 """
 
@@ -44,7 +45,7 @@ from clbench import registry
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError, stop_of
 from clbench.metrics.continual import compute_metrics
-from clbench.progress import AnyProgress, run_progress
+from clbench.progress import run_progress
 from clbench.reporting import print_summary
 from clbench.results import (
     RESULTS_FILENAME,
@@ -64,19 +65,18 @@ from clbench.rundir import (
     has_checkpoint,
     load_checkpoint,
     lock_run_dir,
-    prune_checkpoints,
     release_unused_run_dir,
     run_identity,
-    save_checkpoint,
 )
 from clbench.seeding import derive_seed, seed_everything
 from clbench.specs import RunSpec
+from clbench.stages import keep_trained_stage, train_stage, trained_report
 from clbench.tasks.base import TaskSizeError
 
 if TYPE_CHECKING:
     import torch
 
-    from clbench.engine.api import Method, StageReport
+    from clbench.engine.api import Method
     from clbench.engine.distributed import Distributed
     from clbench.tasks.base import Example, TaskSource
 
@@ -312,18 +312,15 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
             for stage in range(done + 1, len(run.suite.stages) + 1):
                 spec = run.suite.stages[stage - 1]
                 if stage == trained:
-                    report = _stage_report(run_dir, stage)
+                    report = trained_report(run_dir, stage)
                 else:
                     if main:  # scored with the model about to be retrained
                         forget_saved_cells(run_dir, stage)
-                    report = _train_stage(run, method, items, stage, model, tokenizer,
-                                          train_model, run_dir, progress, dist)
-                    if main:  # the report first: a trained checkpoint always has one
-                        atomic_write_json(_report_path(run_dir, stage), {
-                            "steps": report.steps, "counters": report.counters,
-                            "wall_time": report.wall_time, "extra": report.extra}, indent=None)
-                        save_checkpoint(run_dir, stage, model, method)
-                        prune_checkpoints(run_dir, stage)
+                    report = train_stage(run, stage, method, items.stage_tasks[stage - 1],
+                                         items.train_sets[stage - 1],  # type: ignore[arg-type]
+                                         model, tokenizer, train_model, run_dir, progress, dist)
+                    if main:
+                        keep_trained_stage(run_dir, stage, report, model, method)
                     dist.wait()
                 seed_everything(derive_seed(run.seed, stage, "eval"))
                 cells = evaluate_row(stage, plans, model, tokenizer, run, run_dir, progress,
@@ -377,53 +374,6 @@ def saved_rows(rows: int, run_dir: Path, trained: bool = False) -> str:
     if trained:
         kept += f", and stage {rows} is trained (its evaluation continues where it stopped)"
     return f"{kept} in {run_dir}"
-
-
-def _train_stage(run: RunSpec, method: Method, items: _Items, stage: int, model: Any,
-                 tokenizer: Any, train_model: Any, run_dir: Path, progress: AnyProgress,
-                 dist: Distributed) -> StageReport:
-    """Train one stage with the method, seeded from (run seed, stage); the method's report."""
-    from clbench.engine.api import StageContext
-
-    spec = run.suite.stages[stage - 1]
-    stage_seed = derive_seed(run.seed, stage)
-    seed_everything(stage_seed)
-    steps_bar = progress.add_task(f"stage {stage} {spec.name}: train", total=spec.budget.steps)
-
-    def log_step(record: dict[str, Any]) -> None:
-        progress.advance(steps_bar)
-        log.info("stage %d step %s", stage, json.dumps(record, default=str))
-
-    ctx = StageContext(
-        model=model, tokenizer=tokenizer, task=items.stage_tasks[stage - 1],
-        train_examples=items.train_sets[stage - 1],  # type: ignore[arg-type]
-        budget=spec.budget, stage_index=stage,
-        stage_name=spec.name, seed=stage_seed, device=dist.device,
-        work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step, dist=dist,
-        train_model=train_model)
-    ctx.work_dir.mkdir(parents=True, exist_ok=True)
-    report = method.train_stage(ctx)
-    progress.remove_task(steps_bar)
-    return report
-
-
-def _report_path(run_dir: Path, stage: int) -> Path:
-    return run_dir / "stages" / f"stage{stage}.json"
-
-
-def _stage_report(run_dir: Path, stage: int) -> StageReport:
-    """The report of a stage trained before a stop, as the method returned it."""
-    from clbench.engine.api import StageReport
-
-    try:
-        saved = json.loads(_report_path(run_dir, stage).read_text(encoding="utf-8"))
-        return StageReport(steps=saved["steps"], counters=saved["counters"],
-                           wall_time=saved["wall_time"], extra=saved["extra"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RunDirError(f"{run_dir}: stage {stage} is checkpointed but its report "
-                          f"{_report_path(run_dir, stage)} cannot be read ({exc}); the run "
-                          "cannot be resumed (the stage before it is no longer checkpointed)"
-                          ) from None
 
 
 class _Clock:

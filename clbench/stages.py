@@ -1,0 +1,85 @@
+"""One stage of a run: training it with the method, and keeping it once it is trained.
+
+A trained stage is kept before its row of R is evaluated: first the method's report
+(`stages/stage{t}.json`), then the checkpoint (:func:`clbench.rundir.save_checkpoint`), then the
+older checkpoints are pruned. So a checkpoint of a stage always has its report beside it, and a
+run stopped while evaluating the stage resumes with :func:`trained_report` and the checkpoint
+instead of training it again. The stage loop itself is :mod:`clbench.protocol`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clbench.atomic import atomic_write_json
+from clbench.rundir import RunDirError, prune_checkpoints, save_checkpoint
+from clbench.seeding import derive_seed, seed_everything
+
+if TYPE_CHECKING:
+    from clbench.engine.api import Method, StageReport
+    from clbench.engine.distributed import Distributed
+    from clbench.progress import AnyProgress
+    from clbench.specs import RunSpec
+    from clbench.tasks.base import Example, TaskSource
+
+log = logging.getLogger("clbench.protocol")
+
+
+def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
+                train_examples: list[Example], model: Any, tokenizer: Any, train_model: Any,
+                run_dir: Path, progress: AnyProgress, dist: Distributed) -> StageReport:
+    """Train stage `stage` (1-based) with the method, seeded from (run seed, stage); the
+    method's report. Each step is logged and advances a progress bar."""
+    from clbench.engine.api import StageContext
+
+    spec = run.suite.stages[stage - 1]
+    stage_seed = derive_seed(run.seed, stage)
+    seed_everything(stage_seed)
+    steps_bar = progress.add_task(f"stage {stage} {spec.name}: train", total=spec.budget.steps)
+
+    def log_step(record: dict[str, Any]) -> None:
+        progress.advance(steps_bar)
+        log.info("stage %d step %s", stage, json.dumps(record, default=str))
+
+    ctx = StageContext(
+        model=model, tokenizer=tokenizer, task=task, train_examples=train_examples,
+        budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
+        device=dist.device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
+        dist=dist, train_model=train_model)
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    report = method.train_stage(ctx)
+    progress.remove_task(steps_bar)
+    return report
+
+
+def keep_trained_stage(run_dir: Path, stage: int, report: StageReport, model: Any,
+                       method: Method) -> None:
+    """Write the stage's report, then its checkpoint; prune the checkpoints before it."""
+    atomic_write_json(report_path(run_dir, stage), {
+        "steps": report.steps, "counters": report.counters, "wall_time": report.wall_time,
+        "extra": report.extra}, indent=None)
+    save_checkpoint(run_dir, stage, model, method)
+    prune_checkpoints(run_dir, stage)
+
+
+def report_path(run_dir: Path, stage: int) -> Path:
+    """`stages/stage{t}.json`: the method's full report of stage t (every step)."""
+    return run_dir / "stages" / f"stage{stage}.json"
+
+
+def trained_report(run_dir: Path, stage: int) -> StageReport:
+    """The report of a stage trained before a stop, as the method returned it."""
+    from clbench.engine.api import StageReport
+
+    path = report_path(run_dir, stage)
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        return StageReport(steps=saved["steps"], counters=saved["counters"],
+                           wall_time=saved["wall_time"], extra=saved["extra"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunDirError(f"{run_dir}: stage {stage} is checkpointed but its report {path} "
+                          f"cannot be read ({exc}); the run cannot be resumed (the stage before "
+                          "it is no longer checkpointed)") from None
