@@ -10,13 +10,16 @@ t) and keeps the run directory resumable at every moment:
     items/row{t}/cells.json   the cells of row t's columns evaluated so far
     stages/stage{t}.json      the method's full stage report (every step)
     checkpoints/stage{t}/     student weights, method state, RNG states of the last stage trained
+    checkpoints/stage{t}-step{k}/  the same after k steps of the stage in progress, with the
+                              method's progress (every `checkpoint_minutes`)
 
 A stage is checkpointed as soon as it is trained, before its row is evaluated, and counts as done
 once its row is in results.json. A run killed at any moment resumes from what is on disk: during
-training, the stage is trained again from the last done stage; during evaluation, the trained
-stage is loaded and only the columns not yet saved are evaluated (:mod:`clbench.rows`). Every
-stage re-seeds all RNGs from (run seed, stage index), so a resumed run draws exactly the numbers
-an uninterrupted run draws and, on CPU, ends with a bit-identical R.
+training, the stage continues from its last step checkpoint (or starts again, for a method that
+saves no progress); during evaluation, the trained stage is loaded and only the columns not yet
+saved are evaluated (:mod:`clbench.rows`). Every stage re-seeds all RNGs from (run seed, stage
+index) and a step checkpoint holds the RNG states, so a resumed run draws exactly the numbers an
+uninterrupted run draws and, on CPU, ends with a bit-identical R.
 
 Launched as several processes (accelerate, torchrun), every process runs this loop on its share
 of the work (:mod:`clbench.engine.distributed`): training is data-parallel, each column's items are
@@ -64,6 +67,8 @@ from clbench.rundir import (
     first_missing_folder,
     has_checkpoint,
     load_checkpoint,
+    load_progress_checkpoint,
+    progress_checkpoint,
     lock_run_dir,
     release_unused_run_dir,
     run_identity,
@@ -282,16 +287,24 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     done = max(0, len(result.matrix) - 1)
     stages_total = len(run.suite.stages)
     # a stage trained, but stopped before its row was complete: its evaluation continues
-    trained = done + 1 if result.matrix and done < stages_total and \
-        has_checkpoint(run_dir, done + 1) else None
-    if trained or done:
-        load_checkpoint(run_dir, trained or done, model, method)
-        log.info("resuming %s after stage %d%s", run_dir, done,
-                 f" (stage {trained} trained)" if trained else "")
-        message = f"resuming after stage {done} of {stages_total}" if done else "resuming"
+    going = result.matrix and done < stages_total
+    trained = done + 1 if going and has_checkpoint(run_dir, done + 1) else None
+    # else a stage stopped in the middle of its training: it continues from its last checkpoint
+    partial = progress_checkpoint(run_dir, done + 1) if going and not trained else None
+    resume = None
+    if trained or done or partial:
+        news = []
         if trained:
-            message += (f"{'; ' if done else ': '}stage {trained} was trained before the stop, "
-                        "its evaluation continues")
+            news.append(f"stage {trained} was trained before the stop, its evaluation continues")
+        if partial:
+            resume = load_progress_checkpoint(partial[1], model, method)
+            news.append(f"stage {done + 1} continues after step {partial[0]} of "
+                        f"{run.suite.stages[done].budget.steps}")
+        else:
+            load_checkpoint(run_dir, trained or done, model, method)
+        message = f"resuming after stage {done} of {stages_total}" if done else "resuming"
+        message += f"{'; ' if done else ': '}{news[0]}" if news else ""
+        log.info("%s (%s)", message, run_dir)
         console.print(message)
     result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                              "parameters": sum(p.numel() for p in model.parameters()),
@@ -318,7 +331,9 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                         forget_saved_cells(run_dir, stage)
                     report = train_stage(run, stage, method, items.stage_tasks[stage - 1],
                                          items.train_sets[stage - 1],  # type: ignore[arg-type]
-                                         model, tokenizer, train_model, run_dir, progress, dist)
+                                         model, tokenizer, train_model, run_dir, progress, dist,
+                                         resume=resume)
+                    resume = None  # taken: its optimizer state is not kept for later stages
                     if main:
                         keep_trained_stage(run_dir, stage, report, model, method)
                     dist.wait()
@@ -340,7 +355,9 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     except KeyboardInterrupt as exc:
         log.warning("%s during %s", stop_of(exc)[0], f"stage {stage}" if stage else "row 0")
         rows = len(result.matrix)
-        kept = saved_rows(rows, run_dir, trained=has_checkpoint(run_dir, rows) and rows > 0)
+        steps = progress_checkpoint(run_dir, rows) if rows else None
+        kept = saved_rows(rows, run_dir, trained=has_checkpoint(run_dir, rows) and rows > 0,
+                          steps=steps[0] if steps else None)
         raise RunInterrupted.after(exc, f"{kept}. Continue with the same command plus --resume"
                                    ) from None
     except Exception as exc:
@@ -361,9 +378,11 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     return result
 
 
-def saved_rows(rows: int, run_dir: Path, trained: bool = False) -> str:
-    """What a stopped run keeps, from its number of complete rows of R (row 0 is the base) and
-    whether the next stage was trained (and checkpointed) before the stop."""
+def saved_rows(rows: int, run_dir: Path, trained: bool = False,
+               steps: int | None = None) -> str:
+    """What a stopped run keeps, from its number of complete rows of R (row 0 is the base),
+    whether the next stage was trained (and checkpointed) before the stop, or else how many of
+    its steps its last checkpoint holds."""
     if rows == 0:
         return f"no row was complete yet (row 0, the base model, was being evaluated) in {run_dir}"
     if rows == 1:
@@ -373,6 +392,8 @@ def saved_rows(rows: int, run_dir: Path, trained: bool = False) -> str:
         kept = f"row 0 and {stages} are saved"
     if trained:
         kept += f", and stage {rows} is trained (its evaluation continues where it stopped)"
+    elif steps:
+        kept += f", and stage {rows} up to step {steps}"
     return f"{kept} in {run_dir}"
 
 

@@ -6,14 +6,17 @@ another. The identity is compared as the current schemas read it: a field that a
 added, at its default, does not make a run folder from before "another run" (a new field's
 default keeps the old behaviour), while any value that differs still does, named by its path.
 `checkpoints/stage{t}/` holds the student, the method's state and the RNG states of the last
-stage trained (written as soon as it is trained, before its row is evaluated), written into a
-temp folder and renamed into place.
+stage trained (written as soon as it is trained, before its row is evaluated);
+`checkpoints/stage{t}-step{k}/` the same after k optimizer steps of a stage in progress, with the
+method's progress (optimizer, schedule, ...). Both are written into a temp folder and renamed
+into place.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -286,7 +289,53 @@ def load_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> No
     method.load_state_dict(state["method"])
 
 
+def save_progress_checkpoint(run_dir: Path, stage: int, step: int, model: Any, method: Method,
+                             progress: dict[str, Any]) -> Path:
+    """Write `checkpoints/stage{stage}-step{step + 1}` (student, method state, the method's
+    `progress` after 0-based optimizer step `step`, RNG states) atomically, then drop the
+    stage's earlier ones."""
+    import torch
+    from safetensors.torch import save_model
+
+    final = run_dir / "checkpoints" / f"stage{stage}-step{step + 1}"
+    with atomic_dir(final) as tmp:
+        save_model(model, str(tmp / STUDENT_WEIGHTS))
+        torch.save({"method": method.state_dict(), "progress": progress, "rng": rng_states(),
+                    "stage": stage, "step": step}, tmp / "state.pt")
+    for older in (run_dir / "checkpoints").glob(f"stage{stage}-step*"):
+        if older != final:
+            shutil.rmtree(older, ignore_errors=True)
+    return final
+
+
+def progress_checkpoint(run_dir: Path, stage: int) -> tuple[int, Path] | None:
+    """(steps done, folder) of the latest checkpoint in the middle of `stage`, if any."""
+    found = []
+    for folder in (run_dir / "checkpoints").glob(f"stage{stage}-step*"):
+        match = re.fullmatch(rf"stage{stage}-step(\d+)", folder.name)
+        if match and (folder / "state.pt").is_file():
+            found.append((int(match.group(1)), folder))
+    return max(found) if found else None
+
+
+def load_progress_checkpoint(folder: Path, model: Any, method: Method) -> dict[str, Any]:
+    """Restore student weights and method state from a :func:`save_progress_checkpoint`
+    folder; returns the method's progress, with the RNG states under "rng"."""
+    import torch
+    from safetensors.torch import load_model
+
+    load_model(model, str(folder / STUDENT_WEIGHTS), device=str(model.device))
+    # on the CPU: RNG states must stay there; optimizer and teacher states are moved to their
+    # parameters' device when loaded
+    state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+    method.load_state_dict(state["method"])
+    return {**state["progress"], "rng": state["rng"]}
+
+
 def prune_checkpoints(run_dir: Path, keep: int) -> None:
-    for old in (run_dir / "checkpoints").glob("stage*"):
-        if old.name != f"stage{keep}":
-            shutil.rmtree(old, ignore_errors=True)
+    """Keep `checkpoints/stage{keep}` only: earlier stages, step checkpoints, and the temp
+    folders of writes cut short by a kill (`.stage*`)."""
+    for pattern in ("stage*", ".stage*"):
+        for old in (run_dir / "checkpoints").glob(pattern):
+            if old.name != f"stage{keep}":
+                shutil.rmtree(old, ignore_errors=True)

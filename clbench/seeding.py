@@ -2,7 +2,8 @@
 
 Every stage re-seeds Python, NumPy and torch from (run seed, stage index), evaluation from (run
 seed, row), bootstrap intervals from (column, row): a resumed run draws exactly what an
-uninterrupted one draws. `rng_states` snapshots the generators into a checkpoint.
+uninterrupted one draws. `rng_states` snapshots the generators into a checkpoint and
+`set_rng_states` puts such a snapshot back (a stage continued from its middle).
 """
 
 from __future__ import annotations
@@ -39,3 +40,15 @@ def rng_states() -> dict[str, Any]:
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what :func:`rng_states` returned (CUDA only where it was recorded and exists)."""
+    import numpy as np
+    import torch
+
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"].cpu())  # torch takes CPU byte tensors only
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([state.cpu() for state in states["cuda"]])

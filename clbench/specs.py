@@ -253,6 +253,12 @@ class RunSpec(Spec):
                                  "scores) from the cache when an earlier run computed the same "
                                  "row (same items, model, decoding, versions); see "
                                  "`clbench.baserow`.")
+    checkpoint_minutes: float = Field(default=15.0, ge=0.0, description="Minutes between "
+                                      "checkpoints in the middle of a stage (the student, the "
+                                      "method's optimizer and teacher), so a stopped run loses "
+                                      "at most that much training; 0: after every step (or "
+                                      "batch, when a batch serves several steps). A stage is "
+                                      "always checkpointed once trained.")
     suite_file: str | None = Field(default=None, description="The suite file the run was "
                                    "built from; relative paths in the suite (e.g. an lm-eval "
                                    "`include_path`) resolve against its folder.")

@@ -1,5 +1,9 @@
 """One stage of a run: training it with the method, and keeping it once it is trained.
 
+While a stage trains, the method's progress is checkpointed every `checkpoint_minutes` of the
+run (`checkpoints/stage{t}-step{k}/`, see :mod:`clbench.engine.api` for the method's side), so a
+run stopped in the middle of a long stage continues from its last such checkpoint.
+
 A trained stage is kept before its row of R is evaluated: first the method's report
 (`stages/stage{t}.json`), then the checkpoint (:func:`clbench.rundir.save_checkpoint`), then the
 older checkpoints are pruned. So a checkpoint of a stage always has its report beside it, and a
@@ -11,11 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_write_json
-from clbench.rundir import RunDirError, prune_checkpoints, save_checkpoint
+from clbench.rundir import RunDirError, prune_checkpoints, save_checkpoint, \
+    save_progress_checkpoint
 from clbench.seeding import derive_seed, seed_everything
 
 if TYPE_CHECKING:
@@ -30,25 +37,47 @@ log = logging.getLogger("clbench.protocol")
 
 def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
                 train_examples: list[Example], model: Any, tokenizer: Any, train_model: Any,
-                run_dir: Path, progress: AnyProgress, dist: Distributed) -> StageReport:
+                run_dir: Path, progress: AnyProgress, dist: Distributed,
+                resume: dict[str, Any] | None = None) -> StageReport:
     """Train stage `stage` (1-based) with the method, seeded from (run seed, stage); the
-    method's report. Each step is logged and advances a progress bar."""
+    method's report. Each step is logged and advances a progress bar. The method's progress is
+    checkpointed every `run.checkpoint_minutes` (:func:`clbench.rundir.save_progress_checkpoint`);
+    `resume` is such a checkpoint's progress when the stage continues after a stop (the student
+    and the method's state already restored)."""
     from clbench.engine.api import StageContext
 
     spec = run.suite.stages[stage - 1]
+    total = spec.budget.steps
     stage_seed = derive_seed(run.seed, stage)
     seed_everything(stage_seed)
-    steps_bar = progress.add_task(f"stage {stage} {spec.name}: train", total=spec.budget.steps)
+    steps_bar = progress.add_task(f"stage {stage} {spec.name}: train", total=total,
+                                  completed=0 if resume is None else int(resume["step"]) + 1)
+    last_saved = time.monotonic()
 
     def log_step(record: dict[str, Any]) -> None:
         progress.advance(steps_bar)
         log.info("stage %d step %s", stage, json.dumps(record, default=str))
 
+    def save_progress(step: int, state: Callable[[], dict[str, Any]],
+                      counts: dict[str, int] | None = None) -> None:
+        nonlocal last_saved
+        # not after the last step: the stage's own checkpoint follows at once
+        due = step + 1 < total and time.monotonic() - last_saved >= run.checkpoint_minutes * 60
+        if not dist.broadcast(due):  # one decision for every process
+            return
+        summed = dist.sum_counts(counts or {})  # a collective: every process
+        if dist.is_main:
+            saved = {**state(), "counters": summed}
+            save_progress_checkpoint(run_dir, stage, step, model, method, saved)
+            log.info("stage %d: checkpoint after step %d of %d", stage, step + 1, total)
+        dist.wait()
+        last_saved = time.monotonic()
+
     ctx = StageContext(
         model=model, tokenizer=tokenizer, task=task, train_examples=train_examples,
         budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
         device=dist.device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
-        dist=dist, train_model=train_model)
+        dist=dist, train_model=train_model, save_progress=save_progress, resume=resume)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     report = method.train_stage(ctx)
     progress.remove_task(steps_bar)

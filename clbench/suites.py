@@ -236,7 +236,8 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str], lis
 def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: int = 0,
                    out_dir: str | os.PathLike[str] | None = None,
                    overrides: Sequence[str] = (), model: str | None = None,
-                   device: str = "auto", reuse_base_row: bool = True) -> RunSpec:
+                   device: str = "auto", reuse_base_row: bool = True,
+                   checkpoint_minutes: float = 15.0) -> RunSpec:
     """Everything one run needs, validated: suite (with overrides), method, model, seed."""
     method_sets, model_sets, suite_sets = split_overrides(overrides)
     path = resolve_suite(suite_ref)
@@ -257,6 +258,7 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
         "suite": suite, "method": MethodSpec(name=method_name, params=params),
         "model": model_spec, "seed": seed, "out_dir": out, "device": device,
         "suite_file": str(path), "reuse_base_row": reuse_base_row,
+        "checkpoint_minutes": checkpoint_minutes,
     }, "run")
 
 

@@ -32,7 +32,7 @@ from clbench.sweep_children import (Child, ChildLauncher, report_failures, run_a
 
 def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
           overrides: Sequence[str] = (), model: str | None = None, device: str = "auto",
-          reuse_base_row: bool = True, jobs: int = 1,
+          reuse_base_row: bool = True, jobs: int = 1, checkpoint_minutes: float = 15.0,
           console: Console | None = None) -> dict[str, Any]:
     """Run methods x seeds into `out_root/<method>/s<seed>`: complete runs are skipped, partial
     ones resumed; `jobs` > 1 runs up to that many at once as child processes. Ends with the
@@ -56,7 +56,7 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     # same pair would write into the same run directory.
     runs = [build_run_spec(suite_ref, m, seed=s, out_dir=out_root / m / f"s{s}",
                            overrides=overrides, model=model, device=device,
-                           reuse_base_row=reuse_base_row)
+                           reuse_base_row=reuse_base_row, checkpoint_minutes=checkpoint_minutes)
             for m in dict.fromkeys(methods) for s in dict.fromkeys(seeds)]
     pending = []
     for run in runs:

@@ -76,6 +76,7 @@ class ChildLauncher:
             command += ["--model", self.model]
         if not self.reuse_base_row:
             command.append("--no-base-cache")
+        command += ["--checkpoint-minutes", repr(run.checkpoint_minutes)]
         return command
 
     def environment(self) -> dict[str, str]:

@@ -12,7 +12,7 @@ processes). Loss math: :mod:`clbench.engine.losses`; plumbing:
 from __future__ import annotations
 
 import copy
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from pydantic import Field
@@ -48,10 +48,23 @@ class GRPOObjective(Objective):
         self.config = config
         self.reference: torch.nn.Module | None = None
 
+    resumable: ClassVar[bool] = True
+
     def on_stage_start(self, trainer: OnPolicyTrainer) -> None:
         if self.config.beta > 0:
             self.reference = copy.deepcopy(trainer.model).eval()
             self.reference.requires_grad_(False)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The KL reference (the model at the start of the stage), when there is one."""
+        if self.reference is None:
+            return {}
+        return {"reference": {k: v.detach().cpu().clone()
+                              for k, v in self.reference.state_dict().items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.reference is not None:  # on_stage_start copied the resumed student: replace it
+            self.reference.load_state_dict(state["reference"])
 
     def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
         advantages = group_advantages(batch.rewards, batch.group_size,

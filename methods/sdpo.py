@@ -23,7 +23,7 @@ stage's steps).
 from __future__ import annotations
 
 import time
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -144,6 +144,17 @@ class SDPOObjective(Objective):
         report.wall_time["teacher_forward"] = self.teacher_seconds
         report.extra["teacher"] = {"mode": self.config.teacher, "refresh_steps":
                                    list(self.refresh_steps), "refresh_period": self.teacher.period}
+
+    resumable: ClassVar[bool] = True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"teacher": self.teacher.state_dict(), "refresh_steps": list(self.refresh_steps),
+                "teacher_seconds": self.teacher_seconds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.refresh_steps = list(state["refresh_steps"])
+        self.teacher_seconds = float(state["teacher_seconds"])
 
     # -- a fresh batch ---------------------------------------------------------------------------
 

@@ -21,8 +21,8 @@ from pydantic import Field
 from clbench.engine.api import Method, StageContext, StageReport
 from clbench.engine.losses import token_mean
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
-                                  build_scheduler, optimizer_step, set_gradient_checkpointing,
-                                  stage_lr, step_examples)
+                                  build_scheduler, loop_state, optimizer_step, restore_loop,
+                                  set_gradient_checkpointing, stage_lr, step_examples)
 from clbench.engine.rollout import encode_chat
 from clbench.engine.logprobs import completion_logprobs
 
@@ -70,7 +70,11 @@ class SFT(Method):
         optimizer = dist.prepare_optimizer(build_optimizer(model, cfg, lr))
         scheduler = build_scheduler(optimizer, cfg, budget.steps)
         clock, counters, report = PhaseClock(), Counters(), StageReport()
-        for step in range(budget.steps):
+        start = 0
+        if ctx.resume is not None:  # continuing the stage after a stop
+            start = restore_loop(ctx.resume, dist, optimizer, scheduler, clock, counters,
+                                 report.steps)
+        for step in range(start, budget.steps):
             started = time.perf_counter()
             examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed,
                                      rank=dist.process_index, world=dist.num_processes,
@@ -111,6 +115,8 @@ class SFT(Method):
             record = dist.mean_record(record)
             report.steps.append(record)
             ctx.log_step(record)
+            ctx.save_progress(step, lambda step=step: loop_state(
+                step, optimizer, scheduler, clock, report.steps), counters.values)
         report.counters = dist.sum_counts(counters.values)
         report.wall_time = clock.snapshot()
         report.extra["lr"] = lr

@@ -77,14 +77,15 @@ def one_thread_per_child(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_child_command_carries_every_option_of_the_sweep(tmp_path: Path) -> None:
     run = build_run_spec("smoke", "sft", seed=3, out_dir=tmp_path / "sft" / "s3",
                          overrides=["method.lr=2e-5"], model="tiny-llama", device="cpu",
-                         reuse_base_row=False)
+                         reuse_base_row=False, checkpoint_minutes=2.5)
     launch = ChildLauncher(tmp_path, ["method.lr=2e-5"], "tiny-llama", "cpu",
                            reuse_base_row=False, threads=4)
     command = launch.command(run)
     assert command[:4] == [sys.executable, "-m", "clbench.cli", "run"]
     args = " ".join(command[4:])
     assert f"--suite {run.suite_file} --method sft --seed 3 --out {tmp_path}/sft/s3 " \
-           "--resume --device cpu --set method.lr=2e-5 --model tiny-llama --no-base-cache" == args
+           "--resume --device cpu --set method.lr=2e-5 --model tiny-llama --no-base-cache " \
+           "--checkpoint-minutes 2.5" == args
     assert launch.log_path(run) == tmp_path / "logs" / "sft-s3.log"
     env = launch.environment()
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"

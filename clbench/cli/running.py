@@ -10,6 +10,7 @@ import click
 from rich.console import Console
 
 from clbench.cli.app import (
+    checkpoint_minutes_option,
     not_empty,
     check_device,
     cli,
@@ -38,16 +39,18 @@ from clbench.seeding import MAX_SEED
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override: method.X (method config), model.X (model) or any suite field, "
                    "e.g. --set stages[0].budget.steps=4 (repeatable).")
-@click.option("--resume", is_flag=True, help="Continue a stopped run where it stopped (a trained stage is not "
-              "trained again, a saved column not evaluated again).")
+@click.option("--resume", is_flag=True,
+              help="Continue a stopped run where it stopped: from the last checkpoint of a "
+                   "stage in progress, without evaluating a saved column again.")
 @click.option("--model", "model_name", default=None, metavar="NAME", callback=not_empty,
               help="Model to train instead of the suite's default (hub id, path, tiny-*).")
 @device_option
 @no_base_cache_option
+@checkpoint_minutes_option
 @click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
 def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
                 sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
-                no_base_cache: bool, plan_only: bool) -> None:
+                no_base_cache: bool, checkpoint_minutes: float, plan_only: bool) -> None:
     """Benchmark a method on a suite: train stage by stage and fill the accuracy matrix.
 
     \b
@@ -63,7 +66,8 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     check_device(device)
     run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
                          overrides=parse_sets(sets), model=model_name, device=device,
-                         reuse_base_row=not no_base_cache)
+                         reuse_base_row=not no_base_cache,
+                         checkpoint_minutes=checkpoint_minutes)
     config = registry.validate_method_params(run.method.name, run.method.params, where="method")
     console = stdout_console()
     print_plan(console, run, config.model_dump(mode="json"))
@@ -90,6 +94,7 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
               help="Model to train instead of the suite's default.")
 @device_option
 @no_base_cache_option
+@checkpoint_minutes_option
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
               metavar="N",
               help="Runs at once, each a `clbench run` process logging to <out>/logs/ (1: one "
@@ -97,7 +102,7 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
                    "cores unless OMP_NUM_THREADS is set.")
 def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
                   sets: tuple[str, ...], model_name: str | None, device: str,
-                  no_base_cache: bool, jobs: int) -> None:
+                  no_base_cache: bool, checkpoint_minutes: float, jobs: int) -> None:
     """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
 
     Ends with a comparison table: mean ± std over seeds per method (n = seeds). A run that
@@ -128,7 +133,7 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
     sweep.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
                 model=model_name, device=device, reuse_base_row=not no_base_cache, jobs=jobs,
-                console=stdout_console())
+                checkpoint_minutes=checkpoint_minutes, console=stdout_console())
 
 
 @cli.command("report")

@@ -4,6 +4,12 @@ A method is a class registered in the `clbench.methods` entry-point group. It ha
 pydantic config (`Config`), trains the model in place on one stage under the stage's budget, and
 returns a :class:`StageReport`. The protocol owns everything around it (loading, evaluation,
 checkpoints), so methods differ only in their objective and teacher.
+
+A method that can continue a stage from its middle offers its progress after each optimizer step
+through ``ctx.save_progress``; when a checkpoint is due, the protocol saves it with the student's
+weights, the method's ``state_dict()`` and the RNG states, and a run stopped later in the stage
+trains it again with ``ctx.resume`` set to that progress (weights, method state and RNGs already
+restored). A method that never calls ``save_progress`` simply restarts an interrupted stage.
 """
 
 from __future__ import annotations
@@ -86,6 +92,15 @@ class StageContext:
     log_step: Callable[[dict[str, Any]], None] = lambda record: None  # per-step metrics sink
     dist: Distributed | None = None        # the run's accelerator (one process when not given)
     train_model: torch.nn.Module | None = None  # `model` prepared by `dist` for training
+    # After optimizer step `step` (0-based) is complete and logged, every process calls
+    # `save_progress(step, state, counts)`: `state()` returns what continuing after that step
+    # needs besides the weights, the method's state_dict() and the RNGs (optimizer, schedule,
+    # report so far, ...) and is called on the main process only, when a checkpoint is due;
+    # `counts` (this process's counters) are summed over the processes into its "counters".
+    save_progress: Callable[..., None] = lambda step, state, counts=None: None
+    # The `state()` of the last saved step when the stage continues after a stop (it holds that
+    # `step` too), else None
+    resume: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.dist is None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -42,8 +42,9 @@ from clbench.engine.api import Method, StageReport
 from clbench.engine.logprobs import TokenLogprobs, completion_logprobs, pack_batch
 from clbench.engine.losses import token_mean
 from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
-                                  build_scheduler, optimizer_step, rank_share,
-                                  set_gradient_checkpointing, stage_lr, step_examples)
+                                  build_scheduler, loop_state, optimizer_step, rank_share,
+                                  restore_loop, set_gradient_checkpointing, stage_lr,
+                                  step_examples)
 from clbench.engine.rollout import Generator, HFGenerator, Rollout, SamplingParams
 from clbench.tasks.base import Example, Grade
 
@@ -200,6 +201,19 @@ class Objective(ABC):
     def on_stage_end(self, trainer: OnPolicyTrainer, report: StageReport) -> None:
         """Called once after the last step (e.g. summarise teacher statistics into the report)."""
 
+    #: True when :meth:`state_dict` holds everything the objective keeps between the steps of a
+    #: stage, so the stage can continue from a checkpoint in its middle; an objective that does
+    #: not say so restarts an interrupted stage.
+    resumable: ClassVar[bool] = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the objective keeps between steps of a stage (e.g. its teacher), for a
+        checkpoint in the middle of the stage (see :attr:`resumable`); empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` after :meth:`on_stage_start` (continuing a stage)."""
+
 
 class OnPolicyTrainer:
     """Runs one stage of an on-policy method: see the module docstring."""
@@ -324,9 +338,14 @@ class OnPolicyTrainer:
     def _run(self) -> StageReport:
         report = StageReport()
         self.objective.on_stage_start(self)
+        start = 0
+        if self.ctx.resume is not None:  # continuing the stage after a stop
+            self.objective.load_state_dict(self.ctx.resume["objective"])
+            start = restore_loop(self.ctx.resume, self.dist, self.optimizer, self.scheduler,
+                                 self.clock, self.counters, report.steps)
         batch: RolloutBatch | None = None
         batch_stats: dict[str, float] = {}
-        for step in range(self.ctx.budget.steps):
+        for step in range(start, self.ctx.budget.steps):
             started = time.perf_counter()
             if step % self.inner_updates == 0:
                 batch, batch_stats = self.collect(step)
@@ -339,6 +358,11 @@ class OnPolicyTrainer:
             record = self.dist.mean_record(record)
             report.steps.append(record)
             self.ctx.log_step(record)
+            # at a batch boundary: no batch is reused past this step
+            if self.objective.resumable and (step + 1) % self.inner_updates == 0:
+                self.ctx.save_progress(step, lambda step=step: {
+                    **loop_state(step, self.optimizer, self.scheduler, self.clock, report.steps),
+                    "objective": self.objective.state_dict()}, self.counters.values)
         report.counters = self.dist.sum_counts(self.counters.values)
         report.wall_time = self.clock.snapshot()
         report.extra["lr"] = self.lr

@@ -26,6 +26,7 @@ from clbench.tasks.base import seeded_rng
 if TYPE_CHECKING:
     import torch
 
+    from clbench.engine.distributed import Distributed
     from clbench.specs import Budget
 
 T = TypeVar("T")
@@ -214,3 +215,33 @@ class Counters:
 
     def add(self, name: str, amount: int) -> None:
         self.values[name] = self.values.get(name, 0) + int(amount)
+
+
+def loop_state(step: int, optimizer: Any, scheduler: Any, clock: PhaseClock,
+               steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A training loop's progress after optimizer step `step` (0-based), for
+    ``StageContext.save_progress`` (which adds the counters summed over the processes):
+    optimizer and schedule states, phase times and the per-step records so far."""
+    return {"step": step, "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "clock": clock.snapshot(),
+            "steps": [dict(r) for r in steps]}
+
+
+def restore_loop(state: dict[str, Any], dist: Distributed, optimizer: Any, scheduler: Any,
+                 clock: PhaseClock, counters: Counters, steps: list[dict[str, Any]]) -> int:
+    """Put a saved :func:`loop_state` back into a loop's freshly built parts; the next step to
+    run. The main process takes the counters summed over the processes and the others start
+    from zero, so the stage's final sum counts everything once. The RNGs are set to where the
+    main process's were after that step (the checkpoint's "rng"; the built-ins draw their
+    random numbers from per-step, per-process seeds), so call this last, right before the
+    loop."""
+    from clbench.seeding import set_rng_states
+
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    clock.seconds = dict(state["clock"])
+    counters.values = {k: int(v) if dist.is_main else 0 for k, v in state["counters"].items()}
+    steps[:] = [dict(r) for r in state["steps"]]
+    if "rng" in state:
+        set_rng_states(state["rng"])
+    return int(state["step"]) + 1

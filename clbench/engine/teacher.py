@@ -322,11 +322,15 @@ class TeacherWeights:
                 t.lerp_(s.detach().to(t.dtype), self.ema_rate)
 
     def state_dict(self) -> dict[str, Any]:
-        """Mode, counters and (except in ``live`` mode) the teacher's weights, for checkpoints."""
+        """Mode, counters and (except in ``live`` mode) the teacher's weights, for checkpoints
+        (copied to the CPU: a checkpoint is written from there, and the device keeps its
+        memory)."""
         weights = None
         if self.copy is not None:
-            weights = {k: v.detach().clone() for k, v in self.copy.state_dict().items()}
-        shadow = [t.clone() for t in self.shadow] if self.shadow is not None else None
+            weights = {k: v.detach().to("cpu", copy=True)
+                       for k, v in self.copy.state_dict().items()}
+        shadow = [t.detach().to("cpu", copy=True) for t in self.shadow] \
+            if self.shadow is not None else None
         return {"mode": self.mode, "ema_rate": self.ema_rate,
                 "refresh_fraction": self.refresh_fraction, "period": self.period,
                 "refreshes": self.refreshes, "weights": weights, "ema_shadow": shadow}
