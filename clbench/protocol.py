@@ -68,8 +68,9 @@ from clbench.rundir import (
     has_checkpoint,
     load_checkpoint,
     load_progress_checkpoint,
-    progress_checkpoint,
     lock_run_dir,
+    progress_checkpoint,
+    prune_checkpoints,
     release_unused_run_dir,
     run_identity,
 )
@@ -326,6 +327,8 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 spec = run.suite.stages[stage - 1]
                 if stage == trained:
                     report = trained_report(run_dir, stage)
+                    if main:  # a stop between saving and pruning may have left some behind
+                        prune_checkpoints(run_dir, stage)
                 else:
                     if main:  # scored with the model about to be retrained
                         forget_saved_cells(run_dir, stage)

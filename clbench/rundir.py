@@ -328,8 +328,22 @@ def load_progress_checkpoint(folder: Path, model: Any, method: Method) -> dict[s
     # on the CPU: RNG states must stay there; optimizer and teacher states are moved to their
     # parameters' device when loaded
     state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
-    method.load_state_dict(state["method"])
+    # the method's own state on the model's device, as load_checkpoint gives it
+    method.load_state_dict(_to_device(state["method"], model.device))
     return {**state["progress"], "rng": state["rng"]}
+
+
+def _to_device(value: Any, device: Any) -> Any:
+    """`value` with every tensor in its dicts, lists and tuples moved to `device`."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, dict):
+        return {k: _to_device(v, device) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:

@@ -50,5 +50,6 @@ def set_rng_states(states: dict[str, Any]) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"].cpu())  # torch takes CPU byte tensors only
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([state.cpu() for state in states["cuda"]])
+    if "cuda" in states and torch.cuda.is_available():  # the devices visible now, in order
+        for index, state in enumerate(states["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(state.cpu(), index)

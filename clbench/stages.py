@@ -80,6 +80,10 @@ def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
         dist=dist, train_model=train_model, save_progress=save_progress, resume=resume)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     report = method.train_stage(ctx)
+    if resume:  # restore_loop empties it: a method that ignored it retrained from mid-stage
+        raise RuntimeError(f"method {run.method.name!r} saved progress in the middle of stage "
+                           f"{stage} but did not continue from it (ctx.resume); its training "
+                           "of this stage is not the uninterrupted one")
     progress.remove_task(steps_bar)
     return report
 

@@ -4,7 +4,7 @@ Each run is a `clbench run ... --resume` child with its own session, logging to
 `<out_root>/logs/<method>-s<seed>.log` (appended, so a resumed run keeps its history), never
 into the run directory, which refuses anything but a clbench run. This module starts them,
 watches them (a live table where live displays are drawn, a line per finished stage elsewhere),
-stops them all on Ctrl-C, SIGTERM or SIGHUP (each saves its completed stages) and reports the
+stops them all on Ctrl-C, SIGTERM or SIGHUP (each saves what it has done) and reports the
 ones that failed with the end of their logs. On Linux a child also gets SIGTERM when the sweep
 dies of a SIGKILL, which the sweep itself cannot catch, so no child outlives the sweep.
 """
@@ -218,7 +218,7 @@ def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
             except KeyboardInterrupt as exc:
                 stop = exc
                 console.print(f"[yellow]{stop_of(exc)[0]}: stopping the running runs (each "
-                              "saves its completed stages)[/]")
+                              "saves what it has done)[/]")
                 stop_children(children)
                 live.update(progress_table(children), refresh=True)
         if not draws_live(console):
@@ -226,7 +226,7 @@ def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
     finally:
         stop_children(children)  # after anything else (a bug, a second Ctrl-C): none left running
     if stop is not None:
-        raise RunInterrupted.after(stop, "the completed stages of every run are saved under "
+        raise RunInterrupted.after(stop, "what every run had done is saved under "
                                    f"{launch.out_root}. Continue with the same command")
     return [c for c in children if c.state != "complete"]
 

@@ -64,6 +64,9 @@ protocol:
     # a KL reference from the start of the stage; a batch used for two steps
     ("grpo", ["--set", "method.beta=0.5", "--set", "method.inner_updates=2"]),
     ("sdpo", ["--set", "method.teacher=ema"]),
+    # 16-bit weights: the EMA teacher keeps an fp32 shadow, saved and restored too
+    ("sdpo", ["--set", "method.teacher=ema", "--set", "model.dtype=bfloat16",
+              "--set", "model.mixed_precision=false"]),
     ("stable-sdpo", []),  # a teacher refreshed before steps 0 and 2 of the 4
 ])
 def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
@@ -118,3 +121,27 @@ def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
             for p in sorted((stopped / "items").rglob("*.jsonl"))} == items
     # the comparison means something: the method did update the model in stage 2
     assert any(step["grad_norm"] > 0 for step in reports[0]["steps"])
+
+
+def test_a_method_that_saves_progress_but_ignores_it_on_resume_fails_loudly(
+        tmp_path: Path) -> None:
+    sft = registry.load_method_class("sft")
+
+    class Forgetful(stopping(sft)):  # type: ignore[misc, valid-type]
+        name = "test.sft-forgetful"
+
+        def train_stage(self, ctx: StageContext) -> StageReport:
+            ctx.resume = None  # trains the stage from step 0 again, on mid-stage weights
+            return super().train_stage(ctx)
+
+    plugins = {"methods": {Forgetful.name: Forgetful}, "tasks": {"toy.lowercase": LowercaseTask}}
+    (tmp_path / "suite.yaml").write_text(SUITE)
+    args = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", Forgetful.name,
+            "--device", "cpu", "--checkpoint-minutes", "0", "--out", str(tmp_path / "r")]
+    with registry.extra_plugins(**plugins):
+        STOP["at"] = (2, 3)
+        assert CliRunner().invoke(cli, args).exit_code == 130
+        res = CliRunner().invoke(cli, [*args, "--resume"])
+    assert res.exit_code != 0
+    assert "did not continue from it (ctx.resume)" in str(res.exception) + res.output
+    assert read_results(tmp_path / "r" / "results.json").status == "failed"

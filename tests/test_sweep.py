@@ -312,7 +312,7 @@ def _sweep_in_stage_2(root: Path) -> subprocess.Popen:
 @pytest.mark.slow
 def test_a_sweep_killed_by_sigkill_leaves_no_run_training(tmp_path: Path) -> None:
     """SIGKILL cannot be caught by the sweep; its children get SIGTERM from the kernel when it
-    dies (Linux) and stop cleanly, keeping their completed stages."""
+    dies (Linux) and stop cleanly, keeping what they had done."""
     root = tmp_path / "grid"
     sweep_process = _sweep_in_stage_2(root)
     children = _children_of(sweep_process.pid)
@@ -352,7 +352,7 @@ def test_sigterm_stops_every_child_and_exits_143(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
     assert sweep_process.returncode == 143, (out, err)
     assert not [pid for pid in children if _alive(pid)]
-    assert "terminated; the completed stages" in err and "Continue with the same command" in err
+    assert "terminated; what every run had done is saved" in err and "Continue with the same command" in err
     assert out.count("interrupted") >= 2  # both children, in the final table
     for seed in SEEDS:
         result = read_results(run_dir(root, seed) / "results.json")

@@ -32,7 +32,7 @@ checkpoint_minutes_option = click.option(
     help="Minutes between checkpoints in the middle of a stage (0: after every step, or batch "
          "when a batch serves several steps): a stopped run continues from the last one "
          "instead of training the stage again. Each holds the student, the optimizer state and "
-         "any teacher (about 4 model sizes on disk; the stage's last one is kept).")
+         "any teacher (4-6 model sizes on disk; the stage's last one is kept).")
 no_base_cache_option = click.option(
     "--no-base-cache", "no_base_cache", is_flag=True,
     help="Evaluate row 0 (the base model) even when an identical row is cached from an "

@@ -99,7 +99,8 @@ class StageContext:
     # `counts` (this process's counters) are summed over the processes into its "counters".
     save_progress: Callable[..., None] = lambda step, state, counts=None: None
     # The `state()` of the last saved step when the stage continues after a stop (it holds that
-    # `step` too), else None
+    # `step` too), else None. A method must continue from it (`restore_loop` empties it; a
+    # stage given back and left untouched is an error).
     resume: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:

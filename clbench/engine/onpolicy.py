@@ -202,8 +202,9 @@ class Objective(ABC):
         """Called once after the last step (e.g. summarise teacher statistics into the report)."""
 
     #: True when :meth:`state_dict` holds everything the objective keeps between the steps of a
-    #: stage, so the stage can continue from a checkpoint in its middle; an objective that does
-    #: not say so restarts an interrupted stage.
+    #: stage (also when that is nothing), so the stage can continue from a checkpoint in its
+    #: middle; an objective that does not say so restarts an interrupted stage. A subclass that
+    #: adds state extends state_dict / load_state_dict (or sets this back to False).
     resumable: ClassVar[bool] = False
 
     def state_dict(self) -> dict[str, Any]:

@@ -234,7 +234,7 @@ def restore_loop(state: dict[str, Any], dist: Distributed, optimizer: Any, sched
     from zero, so the stage's final sum counts everything once. The RNGs are set to where the
     main process's were after that step (the checkpoint's "rng"; the built-ins draw their
     random numbers from per-step, per-process seeds), so call this last, right before the
-    loop."""
+    loop. `state` is emptied (the protocol checks that a stage to continue was taken)."""
     from clbench.seeding import set_rng_states
 
     optimizer.load_state_dict(state["optimizer"])
@@ -244,4 +244,6 @@ def restore_loop(state: dict[str, Any], dist: Distributed, optimizer: Any, sched
     steps[:] = [dict(r) for r in state["steps"]]
     if "rng" in state:
         set_rng_states(state["rng"])
-    return int(state["step"]) + 1
+    start = int(state["step"]) + 1
+    state.clear()  # taken: the saved optimizer (and teacher) states are not held any longer
+    return start

@@ -349,8 +349,9 @@ class TeacherWeights:
             raise RuntimeError("call start_stage(student, steps) before load_state_dict")
         self.copy.load_state_dict(weights)
         shadow = state.get("ema_shadow")
-        if shadow is not None:
-            self.shadow = [t.detach().float().clone() for t in shadow]
+        if shadow is not None:  # saved on the CPU: back beside the teacher's parameters
+            self.shadow = [t.detach().to(device=p.device, dtype=torch.float32, copy=True)
+                           for t, p in zip(shadow, self.copy.parameters())]
         elif self.shadow is not None:
             self.shadow = [p.detach().float().clone() for p in self.copy.parameters()]
 
