@@ -353,8 +353,10 @@ def test_two_process_smoke_run_matches_one_process_row_0(tmp_path: Path, method:
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = tmp_path / "two"
+    # a step checkpoint after every step: its collectives (one decision, counters summed over
+    # the ranks) run on both processes, and only the main one writes
     proc = _launch(["run", "--suite", "smoke", "--method", method, "--device", "cpu", "--out",
-                    str(out), "--no-base-cache", *SMALL])
+                    str(out), "--no-base-cache", "--checkpoint-minutes", "0", *SMALL])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("method config") == 1  # only the main process prints
     result = read_results(out / "results.json")
@@ -362,6 +364,7 @@ def test_two_process_smoke_run_matches_one_process_row_0(tmp_path: Path, method:
     assert all(cell is not None and cell.n == 8 for row in result.matrix for cell in row)
     assert result.model.resolved["num_processes"] == 2
     assert result.model.resolved["precision"] == "fp32"
+    assert "stage 2: checkpoint after step 1 of 2" in (out / "run.log").read_text()
     one = read_results(single / "results.json")
     assert one.model.resolved["num_processes"] == 1
     for run in (result, one):  # both rows 0 were evaluated, not taken from the cache
