@@ -111,15 +111,22 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
 
     Prompts go through the engine's generator (the same chat encoding, EOS handling and padding
     as training rollouts), one completion each. Greedy decoding (temperature 0) ignores ``seed``;
-    sampled evaluation is seeded so a row is reproducible.
+    sampled evaluation is seeded so a row is reproducible: the n-th call samples with a seed
+    derived from (``seed``, n), so the batches of a column draw different random numbers.
     """
+    import dataclasses
+    import itertools
+
     from clbench.engine.rollout import HFGenerator, SamplingParams
+    from clbench.seeding import derive_seed
 
     generator = HFGenerator(model, tokenizer, batch_size=decoding.batch_size)
     params = SamplingParams.from_decoding(decoding, seed=seed)
+    calls = itertools.count()
 
     def generate(prompts: Sequence[Messages]) -> list[str]:
-        return [r.text for r in generator.generate(list(prompts), params)]
+        call = dataclasses.replace(params, seed=derive_seed(seed, next(calls)))
+        return [r.text for r in generator.generate(list(prompts), call)]
 
     return generate
 

@@ -93,7 +93,6 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
     main process (the others wait for its cell). Only the main process writes records.
     """
     decoding = run.suite.protocol.decoding
-    generate = make_generate_fn(model, tokenizer, decoding, seed=derive_seed(run.seed, row, "eval"))
     world = dist.num_processes if dist is not None else 1
     main = dist is None or dist.is_main
     sharded = dist is not None and world > 1
@@ -113,12 +112,16 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
             continue
         boot_seed = derive_seed("bootstrap", plan.name, row)
         if plan.task is not None:
-            examples = plan.examples
+            examples, first = plan.examples, 0
             if sharded:
                 from clbench.engine.distributed import eval_share
 
                 share = eval_share(len(examples), dist.process_index, world)
-                examples = examples[share.start:share.stop]
+                examples, first = examples[share.start:share.stop], share.start
+            # Seeded per column (and share): a column sampled after a resume that skipped the
+            # columns before it draws what it would have drawn.
+            generate = make_generate_fn(model, tokenizer, decoding,
+                                        seed=derive_seed(run.seed, row, "eval", plan.name, first))
             cell = evaluate_column(plan.name, plan.task, examples, generate,
                                    batch_size=decoding.batch_size,
                                    bootstrap_samples=0 if sharded else boot,  # after the gather

@@ -106,3 +106,22 @@ def test_tiny_model_evaluation_is_deterministic_and_graded_by_the_task() -> None
     assert cells[0].score == sum(r.completion.strip() == str(i + 1)
                                  for i, r in enumerate(cells[0].records)) / 5
     assert cells[0].interval is None  # bootstrap disabled
+
+
+def test_sampled_evaluation_draws_afresh_in_every_batch_and_repeats_per_seed() -> None:
+    from clbench.evaluation import make_generate_fn
+    from clbench.models import load_model
+    from clbench.specs import DecodingSpec
+
+    model, tokenizer = load_model("tiny-llama", device="cpu", dtype="float32", seed=1)
+    prompt = [{"role": "user", "content": "Say something."}]
+    decoding = DecodingSpec(temperature=1.0, max_new_tokens=12, batch_size=1)
+
+    def batches(seed: int) -> list[str]:  # the same prompt in four batches of one
+        generate = make_generate_fn(model, tokenizer, decoding, seed=seed)
+        return [generate([prompt])[0] for _ in range(4)]
+
+    first = batches(seed=7)
+    assert len(set(first)) > 1  # not the same random numbers in every batch
+    assert batches(seed=7) == first  # and the same seed samples the same again
+    assert batches(seed=8) != first
