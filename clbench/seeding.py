@@ -1,8 +1,8 @@
 """Where a run's random numbers come from: seeds derived from stable hashes, and RNG snapshots.
 
-Every stage re-seeds Python, NumPy and torch from (run seed, stage index), evaluation from (run
-seed, row), bootstrap intervals from (column, row): a resumed run draws exactly what an
-uninterrupted one draws. `rng_states` snapshots the generators into a checkpoint and
+Every stage re-seeds Python, NumPy and torch from (run seed, stage index), sampled evaluation
+from (run seed, row, column, batch), bootstrap intervals from (column, row): a resumed run draws
+exactly what an uninterrupted one draws. `rng_states` snapshots the generators into a checkpoint and
 `set_rng_states` puts such a snapshot back (a stage continued from its middle).
 """
 
