@@ -117,7 +117,7 @@ def cost_comparison(groups: Groups) -> dict[str, list[dict[str, Any]]]:
 
 
 def _memory_kind(device: str) -> str:
-    """What peak memory measures on `device` (see `protocol._account`)."""
+    """What peak memory measures on `device` (see `results.account_compute`)."""
     return "GPU allocated" if device.startswith("cuda") else "process resident"
 
 

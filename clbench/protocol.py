@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -52,9 +51,11 @@ from clbench.progress import run_progress
 from clbench.reporting import print_summary
 from clbench.results import (
     RESULTS_FILENAME,
+    Clock,
     MetricValue,
     RunResult,
     StageRecord,
+    account_compute,
     new_result,
     write_results,
 )
@@ -80,8 +81,6 @@ from clbench.stages import keep_trained_stage, train_stage, trained_report
 from clbench.tasks.base import TaskSizeError
 
 if TYPE_CHECKING:
-    import torch
-
     from clbench.engine.api import Method
     from clbench.engine.distributed import Distributed
     from clbench.tasks.base import Example, TaskSource
@@ -275,7 +274,7 @@ def make_distributed(run: RunSpec) -> Distributed:
 def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[str, Any],
              previous: RunResult | None, console: Console, dist: Distributed,
              loaded: tuple[Any, Any], items: _Items) -> RunResult:
-    clock = _Clock()
+    clock = Clock()
     device, main = dist.device, dist.is_main
     model, tokenizer = loaded
     train_model = dist.prepare_student(model)  # once per run: DDP keeps its buffers
@@ -286,27 +285,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     result.method.config = method_config
     result.status, result.error = "partial", None  # a failed run that is resumed is partial again
     done = max(0, len(result.matrix) - 1)
-    stages_total = len(run.suite.stages)
-    # a stage trained, but stopped before its row was complete: its evaluation continues
-    going = result.matrix and done < stages_total
-    trained = done + 1 if going and has_checkpoint(run_dir, done + 1) else None
-    # else a stage stopped in the middle of its training: it continues from its last checkpoint
-    partial = progress_checkpoint(run_dir, done + 1) if going and not trained else None
-    resume = None
-    if trained or done or partial:
-        news = []
-        if trained:
-            news.append(f"stage {trained} was trained before the stop, its evaluation continues")
-        if partial:
-            resume = load_progress_checkpoint(partial[1], model, method)
-            news.append(f"stage {done + 1} continues after step {partial[0]} of "
-                        f"{run.suite.stages[done].budget.steps}")
-        else:
-            load_checkpoint(run_dir, trained or done, model, method)
-        message = f"resuming after stage {done} of {stages_total}" if done else "resuming"
-        message += f"{'; ' if done else ': '}{news[0]}" if news else ""
-        log.info("%s (%s)", message, run_dir)
-        console.print(message)
+    trained, resume = _restore(run, run_dir, result, model, method, console)
     result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                              "parameters": sum(p.numel() for p in model.parameters()),
                              "device": str(device), **dist.describe()}
@@ -349,7 +328,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                     extra=json.loads(json.dumps(report.extra, default=str))))
                 result.matrix.append(to_cells(cells))
                 result.row_labels.append(f"after {spec.name}")
-                _account(result, clock.lap(), device)
+                account_compute(result, clock.lap(), device)
                 if main:
                     write_results(run_dir / RESULTS_FILENAME, result)
                 dist.wait()
@@ -372,13 +351,40 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
         raise
     result.status = "complete"
     fill_metrics(result, run)
-    _account(result, clock.lap(), device)
+    account_compute(result, clock.lap(), device)
     if main:
         write_results(run_dir / RESULTS_FILENAME, result)
         shutil.rmtree(run_dir / "work", ignore_errors=True)
     dist.wait()
     print_summary(console, result)
     return result
+
+
+def _restore(run: RunSpec, run_dir: Path, result: RunResult, model: Any, method: Method,
+             console: Console) -> tuple[int | None, dict[str, Any] | None]:
+    """Load what a resumed run continues from and say so; (the stage trained before the stop
+    whose evaluation continues, or None; the progress of a stage stopped in the middle of its
+    training, or None). A fresh run loads nothing."""
+    done = max(0, len(result.matrix) - 1)
+    going = bool(result.matrix) and done < len(run.suite.stages)
+    trained = done + 1 if going and has_checkpoint(run_dir, done + 1) else None
+    partial = progress_checkpoint(run_dir, done + 1) if going and not trained else None
+    resume, news = None, ""
+    if partial:
+        resume = load_progress_checkpoint(partial[1], model, method)
+        news = (f"stage {done + 1} continues after step {partial[0]} of "
+                f"{run.suite.stages[done].budget.steps}")
+    elif trained or done:
+        load_checkpoint(run_dir, trained or done, model, method)
+        if trained:
+            news = f"stage {trained} was trained before the stop, its evaluation continues"
+    else:
+        return None, None
+    message = f"resuming after stage {done} of {len(run.suite.stages)}" if done else "resuming"
+    message += f"{'; ' if done else ': '}{news}" if news else ""
+    log.info("%s (%s)", message, run_dir)
+    console.print(message)
+    return trained, resume
 
 
 def saved_rows(rows: int, run_dir: Path, trained: bool = False,
@@ -398,37 +404,3 @@ def saved_rows(rows: int, run_dir: Path, trained: bool = False,
     elif steps:
         kept += f", and stage {rows} up to step {steps}"
     return f"{kept} in {run_dir}"
-
-
-class _Clock:
-    """Seconds between readings, so wall time adds up across resumed sessions."""
-
-    def __init__(self) -> None:
-        self.last = time.monotonic()
-
-    def lap(self) -> float:
-        now = time.monotonic()
-        elapsed, self.last = now - self.last, now
-        return elapsed
-
-
-def _account(result: RunResult, elapsed: float, device: torch.device) -> None:
-    """Tokens over all stages, wall time (added across resumed sessions), device, peak memory."""
-    import resource
-
-    import torch
-
-    tokens: dict[str, int] = {}
-    for st in result.stages:
-        for k, v in st.counters.items():
-            tokens[k] = tokens.get(k, 0) + int(v)
-    result.compute.tokens = tokens
-    result.compute.wall_time_s += elapsed
-    result.compute.device = str(device)
-    if device.type == "cuda":
-        peak = int(torch.cuda.max_memory_allocated(device))
-    else:
-        # the process's peak since it started (KiB on Linux): in an in-process sweep
-        # (--jobs 1) a later run reports at least the peak of the runs before it
-        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-    result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)

@@ -10,6 +10,9 @@ Versioning: `schema_version` is `MAJOR.MINOR`. A minor bump only adds fields, so
 accepts any newer minor version (it ignores the fields it does not know) and refuses an unknown
 major version with a message saying what to upgrade. Documents of the version this code writes
 are validated strictly, so a misspelt field is an error rather than silently dropped.
+
+`account_compute` fills a run's compute (tokens, wall time summed over resumed sessions, device,
+peak memory) as the run goes.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -38,6 +42,9 @@ from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
 from clbench.spec_reading import describe_validation_error
 from clbench.specs import RunSpec, SuiteSpec
+
+if TYPE_CHECKING:
+    import torch
 
 RESULTS_SCHEMA_VERSION = "1.0"
 RESULTS_FILENAME = "results.json"
@@ -320,3 +327,42 @@ def git_revision(folder: str | os.PathLike[str] | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.returncode == 1 else "")
+
+
+# ---------------------------------------------------------------------------------------------
+# A run's compute
+# ---------------------------------------------------------------------------------------------
+
+class Clock:
+    """Seconds between readings, so wall time adds up across resumed sessions."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def lap(self) -> float:
+        now = time.monotonic()
+        elapsed, self.last = now - self.last, now
+        return elapsed
+
+
+def account_compute(result: RunResult, elapsed: float, device: torch.device) -> None:
+    """Fill `result.compute`: tokens over all stages, wall time (`elapsed` added to what earlier
+    sessions of the run took), device, peak memory."""
+    import resource
+
+    import torch
+
+    tokens: dict[str, int] = {}
+    for st in result.stages:
+        for k, v in st.counters.items():
+            tokens[k] = tokens.get(k, 0) + int(v)
+    result.compute.tokens = tokens
+    result.compute.wall_time_s += elapsed
+    result.compute.device = str(device)
+    if device.type == "cuda":
+        peak = int(torch.cuda.max_memory_allocated(device))
+    else:
+        # the process's peak since it started (KiB on Linux): in an in-process sweep
+        # (--jobs 1) a later run reports at least the peak of the runs before it
+        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)
