@@ -259,15 +259,8 @@ def _short(value: Any) -> str:
 
 def save_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> Path:
     """Write `checkpoints/stage{stage}` atomically (:func:`clbench.atomic.atomic_dir`)."""
-    import torch
-    from safetensors.torch import save_model
-
-    final = run_dir / "checkpoints" / f"stage{stage}"
-    with atomic_dir(final) as tmp:
-        save_model(model, str(tmp / STUDENT_WEIGHTS))
-        torch.save({"method": method.state_dict(), "rng": rng_states(), "stage": stage},
-                   tmp / "state.pt")
-    return final
+    return _write_checkpoint(run_dir / "checkpoints" / f"stage{stage}", model, method,
+                             {"stage": stage})
 
 
 def has_checkpoint(run_dir: Path, stage: int) -> bool:
@@ -277,16 +270,11 @@ def has_checkpoint(run_dir: Path, stage: int) -> bool:
 
 def load_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> None:
     """Restore student weights and method state of `stage` (RNGs are re-seeded per stage)."""
-    import torch
-    from safetensors.torch import load_model
-
     folder = run_dir / "checkpoints" / f"stage{stage}"
     if not has_checkpoint(run_dir, stage):
         raise RunDirError(f"{run_dir}: results say stage {stage} is done but its checkpoint "
                           f"{folder} is missing; the run cannot be resumed")
-    load_model(model, str(folder / STUDENT_WEIGHTS), device=str(model.device))
-    state = torch.load(folder / "state.pt", map_location=model.device, weights_only=False)
-    method.load_state_dict(state["method"])
+    _read_checkpoint(folder, model, method)
 
 
 def save_progress_checkpoint(run_dir: Path, stage: int, step: int, model: Any, method: Method,
@@ -294,14 +282,8 @@ def save_progress_checkpoint(run_dir: Path, stage: int, step: int, model: Any, m
     """Write `checkpoints/stage{stage}-step{step + 1}` (student, method state, the method's
     `progress` after 0-based optimizer step `step`, RNG states) atomically, then drop the
     stage's earlier ones."""
-    import torch
-    from safetensors.torch import save_model
-
-    final = run_dir / "checkpoints" / f"stage{stage}-step{step + 1}"
-    with atomic_dir(final) as tmp:
-        save_model(model, str(tmp / STUDENT_WEIGHTS))
-        torch.save({"method": method.state_dict(), "progress": progress, "rng": rng_states(),
-                    "stage": stage, "step": step}, tmp / "state.pt")
+    final = _write_checkpoint(run_dir / "checkpoints" / f"stage{stage}-step{step + 1}", model,
+                              method, {"progress": progress, "stage": stage, "step": step})
     for older in (run_dir / "checkpoints").glob(f"stage{stage}-step*"):
         if older != final:
             shutil.rmtree(older, ignore_errors=True)
@@ -321,16 +303,34 @@ def progress_checkpoint(run_dir: Path, stage: int) -> tuple[int, Path] | None:
 def load_progress_checkpoint(folder: Path, model: Any, method: Method) -> dict[str, Any]:
     """Restore student weights and method state from a :func:`save_progress_checkpoint`
     folder; returns the method's progress, with the RNG states under "rng"."""
+    state = _read_checkpoint(folder, model, method)
+    return {**state["progress"], "rng": state["rng"]}
+
+
+def _write_checkpoint(final: Path, model: Any, method: Method, extra: dict[str, Any]) -> Path:
+    """One checkpoint folder, atomically: the student's weights, and `state.pt` with the
+    method's state, the RNG states and `extra`."""
+    import torch
+    from safetensors.torch import save_model
+
+    with atomic_dir(final) as tmp:
+        save_model(model, str(tmp / STUDENT_WEIGHTS))
+        torch.save({"method": method.state_dict(), "rng": rng_states(), **extra},
+                   tmp / "state.pt")
+    return final
+
+
+def _read_checkpoint(folder: Path, model: Any, method: Method) -> dict[str, Any]:
+    """Load a checkpoint folder's weights into `model` and its method state into `method`
+    (on the model's device); returns its `state.pt` (RNG states and the rest on the CPU,
+    where torch takes RNG states; optimizer states move to their parameters when loaded)."""
     import torch
     from safetensors.torch import load_model
 
     load_model(model, str(folder / STUDENT_WEIGHTS), device=str(model.device))
-    # on the CPU: RNG states must stay there; optimizer and teacher states are moved to their
-    # parameters' device when loaded
     state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
-    # the method's own state on the model's device, as load_checkpoint gives it
     method.load_state_dict(_to_device(state["method"], model.device))
-    return {**state["progress"], "rng": state["rng"]}
+    return state
 
 
 def _to_device(value: Any, device: Any) -> Any:
