@@ -117,6 +117,16 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 # Public entry point
 # ---------------------------------------------------------------------------------------------
 
+def absolute_model_name(name: str) -> str:
+    """`name` with a local model folder given relative to the working directory made absolute,
+    so that the run's record finds it from anywhere (resume, `export-model`); the embedded and
+    tiny models and hub ids are returned unchanged."""
+    if name == EMBEDDED_MODEL or name.startswith("tiny-"):
+        return name
+    local = Path(name).expanduser()
+    return str(local.resolve()) if local.exists() else name
+
+
 def load_model(spec: ModelSpec | str, device: str | torch.device | None = "auto",
                dtype: str | torch.dtype | None = None, seed: int = 0,
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -171,7 +171,8 @@ class ModelSpec(Spec):
 
     name: str = Field(default="smollm2-135m", min_length=1,
                       description="`smollm2-135m` (the embedded "
-                      "default), a `tiny-*` test model, a hub id or a local path.")
+                      "default), a `tiny-*` test model, a hub id or a local folder (a run "
+                      "records it as an absolute path).")
     dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
         default="auto", description="`auto`: bf16 where the device supports it, else fp32.")
     mixed_precision: bool = Field(

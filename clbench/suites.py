@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from clbench import registry
 from clbench.errors import UserError
+from clbench.models import absolute_model_name
 from clbench.spec_reading import (
     SpecError,
     apply_override,
@@ -249,6 +250,7 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
         model_data["name"] = model
     model_data = apply_overrides(model_data, model_sets)
     model_spec = _validate_at(ModelSpec, model_data, "model")
+    model_spec = model_spec.model_copy(update={"name": absolute_model_name(model_spec.name)})
 
     params = apply_overrides({}, method_sets)
     registry.validate_method_params(method_name, params, where="method")

@@ -63,3 +63,33 @@ def test_export_refusals(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="run.json is damaged"):
         export_model(run, tmp_path / "model")
     assert not (tmp_path / "model").exists()
+
+
+def test_a_model_given_by_a_relative_path_exports_from_another_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clbench.models import load_model
+
+    model, tok = load_model("tiny-llama", device="cpu", dtype="float32", seed=3)
+    model.save_pretrained(tmp_path / "models" / "start")
+    tok.save_pretrained(tmp_path / "models" / "start")
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    monkeypatch.chdir(tmp_path)
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+                   "--model", "models/start", "--out", "run"])
+    assert res.exit_code == 0, res.output
+    # the run records the folder it trained from, not a path that only this folder resolves
+    import json
+
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())["model"]["name"]
+    assert recorded == str((tmp_path / "models" / "start").resolve())
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    res = run_cli(["export-model", "../run", "model"])
+    assert res.exit_code == 0, res.output
+    assert (elsewhere / "model" / "config.json").is_file()
+    # and resuming from there finds the same run
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+                   "--model", "../models/start", "--out", "../run", "--resume"])
+    assert res.exit_code == 0, res.output
