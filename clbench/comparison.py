@@ -17,7 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clbench.errors import UserError
-from clbench.results import RunResult
+from clbench.results import RunResult, peak_memory_kind
 
 #: Complete runs by suite key and method-setting label (:func:`comparison_groups`).
 Groups = dict[str, dict[str, list[RunResult]]]
@@ -112,13 +112,8 @@ def cost_comparison(groups: Groups) -> dict[str, list[dict[str, Any]]]:
                                              for r in runs).as_dict(),
                     "peak_memory_bytes": max((r.compute.peak_memory_bytes or 0 for r in runs),
                                              default=0) or None,
-                    "peak_memory_of": _memory_kind(hardware)})
+                    "peak_memory_of": peak_memory_kind(hardware)})
     return out
-
-
-def _memory_kind(device: str) -> str:
-    """What peak memory measures on `device` (see `results.account_compute`)."""
-    return "GPU allocated" if device.startswith("cuda") else "process resident"
 
 
 def _hardware(result: RunResult) -> str:

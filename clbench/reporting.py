@@ -23,7 +23,7 @@ from clbench.comparison import (comparison, comparison_groups, comparison_tables
                                 print_comparison)
 from clbench.errors import UserError
 from clbench.progress import clock_time
-from clbench.results import RESULTS_FILENAME, RunResult, read_results
+from clbench.results import RESULTS_FILENAME, RunResult, peak_memory_kind, read_results
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -55,8 +55,7 @@ def compute_summary(result: RunResult) -> str:
         return "not recorded"
     parts = [f"{clock_time(c.wall_time_s)} on {c.device or 'an unrecorded device'}"]
     if c.peak_memory_bytes:
-        what = "GPU memory allocated" if c.device.startswith("cuda") else "resident memory"
-        parts.append(f"peak {what} {format_gib(c.peak_memory_bytes)}")
+        parts.append(f"peak {peak_memory_kind(c.device)} {format_gib(c.peak_memory_bytes)}")
     tokens = dict(c.tokens)
     if "optimizer_steps" in tokens:
         parts.append(f"{tokens.pop('optimizer_steps'):,} optimizer steps")

@@ -345,6 +345,11 @@ class Clock:
         return elapsed
 
 
+def peak_memory_kind(device: str) -> str:
+    """What `compute.peak_memory_bytes` measures on `device` (see `account_compute`)."""
+    return "GPU memory allocated" if device.startswith("cuda") else "resident memory"
+
+
 def account_compute(result: RunResult, elapsed: float, device: torch.device) -> None:
     """Fill `result.compute`: tokens over all stages, wall time (`elapsed` added to what earlier
     sessions of the run took), device, peak memory."""

@@ -87,8 +87,8 @@ def test_cost_per_run_by_hardware_with_wall_time_and_peak_memory(tmp_path: Path)
     assert title == "smoke: cost per run"
     assert header == ["method", "hardware", "runs", "wall time per run", "peak memory"]
     assert table == [
-        ["sft", "cpu", "2", "2:06:40 ± 1:24:51 (n=2)", "10.9 GiB (process resident)"],
-        ["sft", "cuda", "1", "0:04:04 (n=1)", "6.0 GiB (GPU allocated)"],  # one seed: no spread
+        ["sft", "cpu", "2", "2:06:40 ± 1:24:51 (n=2)", "10.9 GiB (resident memory)"],
+        ["sft", "cuda", "1", "0:04:04 (n=1)", "6.0 GiB (GPU memory allocated)"],  # one seed: no spread
         ["sft", "cuda x4", "1", "0:01:30 (n=1)", "—"]]
 
 
