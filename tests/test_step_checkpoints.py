@@ -145,3 +145,69 @@ def test_a_method_that_saves_progress_but_ignores_it_on_resume_fails_loudly(
     assert res.exit_code != 0
     assert "did not continue from it (ctx.resume)" in str(res.exception) + res.output
     assert read_results(tmp_path / "r" / "results.json").status == "failed"
+
+
+# Each process of `accelerate launch` runs this: the CLI with the stopping method and the toy
+# task registered; CLBENCH_TEST_STOP_AT="stage:step" raises Ctrl-C on every rank after that step
+# (what a terminal's Ctrl-C does to the launcher's process group).
+LAUNCHED = """
+import os, sys
+sys.path.insert(0, {here!r})
+from toy import LowercaseTask
+from test_step_checkpoints import STOP, stopping
+from clbench import registry
+from clbench.cli import cli
+
+if os.environ.get("CLBENCH_TEST_STOP_AT"):
+    STOP["at"] = tuple(int(x) for x in os.environ["CLBENCH_TEST_STOP_AT"].split(":"))
+method = stopping(registry.load_method_class({method!r}))
+with registry.extra_plugins(methods={{method.name: method}},
+                            tasks={{"toy.lowercase": LowercaseTask}}):
+    cli.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from test_distributed import _launch
+
+    script = tmp_path / "launched.py"
+    script.write_text(LAUNCHED.format(here=str(Path(__file__).parent), method="sdpo"))
+    (tmp_path / "suite.yaml").write_text(SUITE)
+    common = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", "test.sdpo-stopping",
+              "--seed", "3", "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0",
+              "--set", "method.teacher=ema"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    proc = _launch([*common, "--out", str(straight)], script=str(script))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    monkeypatch.setenv("CLBENCH_TEST_STOP_AT", "2:3")
+    proc = _launch([*common, "--out", str(stopped)], script=str(script))
+    assert proc.returncode != 0  # the launcher reports the ranks' exit status 130 as a failure
+    assert "row 0 and stage 1 are saved, and stage 2 up to step 2" in " ".join(proc.stderr.split())
+    assert sorted(p.name for p in (stopped / "checkpoints").iterdir()) == \
+        ["stage1", "stage2-step2"]
+    monkeypatch.delenv("CLBENCH_TEST_STOP_AT")
+
+    proc = _launch([*common, "--out", str(stopped), "--resume"], script=str(script))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "stage 2 continues after step 2 of 4" in " ".join(proc.stdout.split())
+    log = (stopped / "run.log").read_text()
+    assert [log.count(f'stage 2 step {{"step": {k},') for k in (1, 2, 3, 4)] == [1, 1, 2, 1]
+
+    a, b = read_results(straight / "results.json"), read_results(stopped / "results.json")
+    assert b.status == "complete" and b.model.resolved["num_processes"] == 2
+    reports = [json.loads((run / "stages" / "stage2.json").read_text())
+               for run in (straight, stopped)]
+    for report in reports:  # every step's record (gathered over the ranks), less the time
+        del report["wall_time"]
+        for step in report["steps"]:
+            del step["seconds"]
+    assert reports[0] == reports[1]
+    assert any(step["grad_norm"] > 0 for step in reports[0]["steps"])
+    assert b.score_matrix() == a.score_matrix()
+    items = {p.relative_to(straight): p.read_text()
+             for p in sorted((straight / "items").rglob("*.jsonl"))}
+    assert {p.relative_to(stopped): p.read_text()
+            for p in sorted((stopped / "items").rglob("*.jsonl"))} == items
