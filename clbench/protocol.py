@@ -74,6 +74,7 @@ from clbench.rundir import (
     prune_checkpoints,
     release_unused_run_dir,
     run_identity,
+    what_is_saved,
 )
 from clbench.seeding import derive_seed, seed_everything
 from clbench.specs import RunSpec
@@ -298,6 +299,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 result.matrix.append(base_row(run, plans, model, tokenizer, run_dir, progress,
                                               result, console, dist, stamp))
                 result.row_labels.append("base")
+                account_compute(result, clock.lap(), device)  # a partial run says what it cost
                 if main:
                     write_results(run_dir / RESULTS_FILENAME, result)
                 dist.wait()
@@ -336,10 +338,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 log.info("stage %d (%s) done", stage, spec.name)
     except KeyboardInterrupt as exc:
         log.warning("%s during %s", stop_of(exc)[0], f"stage {stage}" if stage else "row 0")
-        rows = len(result.matrix)
-        steps = progress_checkpoint(run_dir, rows) if rows else None
-        kept = saved_rows(rows, run_dir, trained=has_checkpoint(run_dir, rows) and rows > 0,
-                          steps=steps[0] if steps else None)
+        kept = what_is_saved(run_dir, len(result.matrix), len(result.columns))
         raise RunInterrupted.after(exc, f"{kept}. Continue with the same command plus --resume"
                                    ) from None
     except Exception as exc:
@@ -385,22 +384,3 @@ def _restore(run: RunSpec, run_dir: Path, result: RunResult, model: Any, method:
     log.info("%s (%s)", message, run_dir)
     console.print(message)
     return trained, resume
-
-
-def saved_rows(rows: int, run_dir: Path, trained: bool = False,
-               steps: int | None = None) -> str:
-    """What a stopped run keeps, from its number of complete rows of R (row 0 is the base),
-    whether the next stage was trained (and checkpointed) before the stop, or else how many of
-    its steps its last checkpoint holds."""
-    if rows == 0:
-        return f"no row was complete yet (row 0, the base model, was being evaluated) in {run_dir}"
-    if rows == 1:
-        kept = "row 0 (the base model) is saved"
-    else:
-        stages = "stage 1" if rows == 2 else f"stages 1..{rows - 1}"
-        kept = f"row 0 and {stages} are saved"
-    if trained:
-        kept += f", and stage {rows} is trained (its evaluation continues where it stopped)"
-    elif steps:
-        kept += f", and stage {rows} up to step {steps}"
-    return f"{kept} in {run_dir}"

@@ -24,6 +24,7 @@ from clbench.comparison import (comparison, comparison_groups, comparison_tables
 from clbench.errors import UserError
 from clbench.progress import clock_time
 from clbench.results import RESULTS_FILENAME, RunResult, peak_memory_kind, read_results
+from clbench.rundir import IDENTITY_FILE, run_is_live, what_is_saved
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -88,6 +89,22 @@ def metric_rows(result: RunResult) -> list[list[str]]:
             for name, m in ((n, result.metrics[n]) for n in metric_order(result.metrics))]
 
 
+def standing(run_dir: Path, result: RunResult) -> str | None:
+    """Where a run that is not complete stands, in one line (None for a complete one): why a
+    failed run stopped, whether a process is running it now, and what is saved, read from its
+    folder when `run_dir` is one."""
+    if result.status == "complete":
+        return None
+    rows = len(result.matrix)
+    status = result.status
+    if (run_dir / IDENTITY_FILE).is_file():
+        kept = what_is_saved(run_dir, rows, len(result.columns))
+        status += " (running now)" if run_is_live(run_dir) else ""
+    else:  # a results file copied out of its run folder
+        kept = f"{rows} row{'s' if rows != 1 else ''} of R"
+    return f"{status}: {f'{result.error}; ' if result.error else ''}{kept}"
+
+
 def collect_results(run_dirs: Sequence[str | Path],
                     skipped: list[str] | None = None) -> list[tuple[Path, RunResult]]:
     """Results of every run dir (a dir holding results.json, a results file itself, whatever
@@ -131,7 +148,8 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
     data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
                       "seed": r.seed, "status": r.status, "row_labels": r.row_labels,
                       "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
-                      "metrics": {k: v.value for k, v in r.metrics.items()}}
+                      "metrics": {k: v.value for k, v in r.metrics.items()},
+                      "standing": standing(d, r)}
                      for d, r in found],
             "comparison": comparison(groups), "cost": cost_comparison(groups)}
     if skipped:
@@ -144,8 +162,10 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
         return data
     for reason in skipped:
         console.print(f"[yellow]left out: {escape(reason)}[/]", soft_wrap=True)
-    for _, r in found:
+    for d, r in found:
         print_summary(console, r)
+        if (where := standing(d, r)) is not None:
+            console.print(f"[yellow]{escape(where)}[/]", soft_wrap=True)
     incomplete = [str(d) for d, r in found if r.status != "complete"]
     if incomplete:
         console.print(f"[yellow]not complete (left out of the comparison): "
@@ -191,6 +211,8 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
             out += ["", "Items per cell: " + ", ".join(
                 f"{c.name} {n}" for c, n in zip(r.columns, counts)) + "."]
         out += ["", f"Compute: {compute_summary(r)}."]
+        if (state := standing(where, r)) is not None:
+            out += ["", f"Not complete: {state}."]
         if r.metrics:
             out += ["", *_md_table(["metric (n = 1)", "value", "variant"], metric_rows(r),
                                    right=[1])]

@@ -185,6 +185,16 @@ def saved_cells(run_dir: Path, row: int, plans: Sequence[ColumnPlan],
     return kept
 
 
+def saved_column_names(run_dir: Path, row: int) -> list[str]:
+    """The columns of `row` saved so far by an evaluation that stopped before the row was
+    complete, as recorded (a resumed evaluation keeps those that pass `saved_cells`' checks)."""
+    try:
+        cells = json.loads(_cells_path(run_dir, row).read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+    return [str(name) for name in cells] if isinstance(cells, dict) else []
+
+
 def forget_saved_cells(run_dir: Path, row: int) -> None:
     """Drop the saved columns of `row`: they were scored with a model about to be retrained."""
     _cells_path(run_dir, row).unlink(missing_ok=True)

@@ -18,12 +18,14 @@ import contextlib
 import json
 import re
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_dir, lock_is_held, try_file_lock
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
+from clbench.rows import saved_column_names
 from clbench.seeding import rng_states
 from clbench.specs import MEASURED_EXCLUDES, ModelSpec, RunSpec, SuiteSpec
 
@@ -139,7 +141,7 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool,
         raise RunDirError(f"{run_dir} holds another run ({detail}{more}); "
                           f"{_method_sets_hint(stored, diffs)}{hint}choose another --out")
     if not resume:
-        if not locked_by_us and lock_is_held(run_dir / LOCK_FILE):
+        if not locked_by_us and run_is_live(run_dir):
             # "pass --resume" would only lead to the lock's refusal
             raise RunDirError(f"another clbench process is running this run in {run_dir} right "
                               "now; let it finish, or choose another --out")
@@ -161,12 +163,17 @@ def lock_run_dir(run_dir: Path) -> IO[str]:
     return handle
 
 
+def run_is_live(run_dir: Path) -> bool:
+    """Whether a process is running the run in `run_dir` now (it holds the folder's lock)."""
+    return lock_is_held(run_dir / LOCK_FILE)
+
+
 def _start_over_hint(run_dir: Path) -> str:
     """The way out when a refused folder provably holds nothing worth keeping: a run that
     failed or stopped before completing a stage (its row 0 is cached, see baserow), no
     checkpoint, and no process running it. Anything unclear (unreadable results, a results
     schema from another version) gets no such suggestion."""
-    if lock_is_held(run_dir / LOCK_FILE) or any((run_dir / "checkpoints").glob("stage*")):
+    if run_is_live(run_dir) or any((run_dir / "checkpoints").glob("stage*")):
         return ""
     status = "partial"
     if (run_dir / RESULTS_FILENAME).exists():
@@ -344,6 +351,40 @@ def _to_device(value: Any, device: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, device) for v in value)
     return value
+
+
+def what_is_saved(run_dir: Path, rows: int, columns: int | None = None) -> str:
+    """What a run that is not complete keeps in `run_dir`, read from the disk, given its number
+    of complete rows of R (row 0 is the base) and of columns: the words of the stop message and
+    of `clbench report`."""
+    trained = rows > 0 and has_checkpoint(run_dir, rows)
+    steps = progress_checkpoint(run_dir, rows) if rows and not trained else None
+    saved = saved_column_names(run_dir, rows) if trained or rows == 0 else []
+    return saved_rows(rows, run_dir, trained, steps[0] if steps else None, saved, columns)
+
+
+def saved_rows(rows: int, run_dir: Path, trained: bool = False, steps: int | None = None,
+               saved_columns: Sequence[str] = (), columns: int | None = None) -> str:
+    """What a stopped run keeps, from its number of complete rows of R (row 0 is the base),
+    whether the next stage was trained (and checkpointed) before the stop, or else how many of
+    its steps its last checkpoint holds, and the columns of the row in progress saved so far."""
+    done = ""
+    if saved_columns:
+        done = (f"; {len(saved_columns)}{f' of {columns}' if columns else ''} columns saved: "
+                f"{', '.join(saved_columns)}")
+    if rows == 0:
+        return (f"no row was complete yet (row 0, the base model, was being evaluated{done}) "
+                f"in {run_dir}")
+    if rows == 1:
+        kept = "row 0 (the base model) is saved"
+    else:
+        stages = "stage 1" if rows == 2 else f"stages 1..{rows - 1}"
+        kept = f"row 0 and {stages} are saved"
+    if trained:
+        kept += f", and stage {rows} is trained (its evaluation continues where it stopped{done})"
+    elif steps:
+        kept += f", and stage {rows} up to step {steps}"
+    return f"{kept} in {run_dir}"
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> None:

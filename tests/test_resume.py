@@ -111,7 +111,7 @@ def test_a_stop_mid_evaluation_keeps_the_trained_stage_and_the_saved_columns(
     assert exit_code == code, output
     if sig == signal.SIGINT:
         assert ("row 0 and stage 1 are saved, and stage 2 is trained (its evaluation continues "
-                "where it stopped)") in " ".join(output.split())
+                "where it stopped; 2 of 3 columns saved: low, high)") in " ".join(output.split())
     assert len(read_results(killed / "results.json").matrix) == 2  # base + stage 1
     assert (killed / "checkpoints" / "stage2" / "state.pt").is_file()
     assert not (killed / "checkpoints" / "stage1").exists()  # the trained stage 2 replaced it
@@ -174,7 +174,7 @@ def test_a_stop_request_mid_stage_keeps_completed_stages(tmp_path: Path, sig: in
 
 
 def test_stop_message_names_what_is_saved(tmp_path: Path) -> None:
-    from clbench.protocol import saved_rows
+    from clbench.rundir import saved_rows
 
     assert saved_rows(0, tmp_path) == (f"no row was complete yet (row 0, the base model, was being "
                                        f"evaluated) in {tmp_path}")
@@ -187,6 +187,59 @@ def test_stop_message_names_what_is_saved(tmp_path: Path) -> None:
     assert saved_rows(3, tmp_path, trained=True) == (
         f"row 0 and stages 1..2 are saved, and stage 3 is trained (its evaluation continues "
         f"where it stopped) in {tmp_path}")
+    assert saved_rows(3, tmp_path, trained=True, saved_columns=["math", "science"],
+                      columns=7) == (
+        f"row 0 and stages 1..2 are saved, and stage 3 is trained (its evaluation continues "
+        f"where it stopped; 2 of 7 columns saved: math, science) in {tmp_path}")
+    assert saved_rows(0, tmp_path, saved_columns=["math"], columns=3) == (
+        f"no row was complete yet (row 0, the base model, was being evaluated; 1 of 3 columns "
+        f"saved: math) in {tmp_path}")
+
+
+def test_report_says_where_a_run_that_is_not_complete_stands(tmp_path: Path) -> None:
+    """A stopped run's report reads what is saved from its folder (the stop message's words),
+    says when a process is running it now, and why a failed run stopped."""
+    import json
+
+    from rich.console import Console
+    from test_protocol import SUITE, run_cli, write_suite
+
+    from clbench.reporting import report
+    from clbench.results import write_results
+    from clbench.rundir import lock_run_dir
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    out = tmp_path / "run"
+    assert run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+                    "--out", str(out)]).exit_code == 0
+    result = read_results(out / "results.json")
+    assert result.compute.wall_time_s > 0
+    # as if stopped while evaluating stage 2, with one of its columns saved
+    result.status, result.matrix, result.row_labels = "partial", result.matrix[:2], \
+        result.row_labels[:2]
+    write_results(out / "results.json", result)
+    (out / "items" / "row2" / "cells.json").write_text(json.dumps(
+        {"stamp": "s", "cells": {result.columns[0].name: {}}}))
+    names = [c.name for c in result.columns]
+    console = Console(record=True, width=300)
+    (run,) = report([out], console=console)["runs"]
+    expected = (f"partial: row 0 and stage 1 are saved, and stage 2 is trained (its evaluation "
+                f"continues where it stopped; 1 of {len(names)} columns saved: {names[0]}) in "
+                f"{out}")
+    assert run["standing"] == expected
+    assert expected in console.export_text()
+
+    with lock_run_dir(out):  # a process running it now
+        (run,) = report([out], console=console)["runs"]
+    assert run["standing"].startswith("partial (running now): row 0 and stage 1 are saved")
+
+    result.status, result.error = "failed", "stage 2: RuntimeError: out of memory"
+    write_results(out / "results.json", result)
+    copied = tmp_path / "copied.json"  # out of its folder: only what the file says
+    copied.write_bytes((out / "results.json").read_bytes())
+    assert [r["standing"] for r in report([out, copied], console=console)["runs"]] == [
+        f"failed: stage 2: RuntimeError: out of memory; {expected.split(': ', 1)[1]}",
+        "failed: stage 2: RuntimeError: out of memory; 2 rows of R"]
 
 
 def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
