@@ -40,6 +40,7 @@ from clbench.errors import (
 from clbench.progress import clock_time, draws_live
 from clbench.protocol import RunInterrupted
 from clbench.results import RESULTS_FILENAME
+from clbench.rundir import what_is_saved
 from clbench.specs import RunSpec
 
 #: Seconds between looks at the children (exit status, results.json) while they run.
@@ -271,8 +272,12 @@ def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, cons
             with stops_deferred():  # a child that is started is a child that will be stopped
                 child.process = launch.start(child.run)
                 child.state, child.started = "running", time.monotonic()
-            said[children.index(child)] = child.rows_done() or 0  # a resumed run's rows are old
-            console.print(f"{escape(child.name)}: started, log {escape(str(child.log_path))}")
+            rows = child.rows_done()
+            said[children.index(child)] = rows or 0  # a resumed run's rows are old
+            what = "started" if rows is None else \
+                f"resumed ({what_is_saved(Path(child.run.out_dir), rows)})"
+            console.print(f"{escape(child.name)}: {escape(what)}, log "
+                          f"{escape(str(child.log_path))}", soft_wrap=True)
         live.update(progress_table(children), refresh=True)
         if not waiting and not any(c.state == "running" for c in children):
             return

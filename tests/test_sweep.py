@@ -170,6 +170,9 @@ def test_a_failed_child_leaves_the_others_and_is_named_with_its_log(
     assert f"1 of 3 runs failed: sft seed 1 (log {log})" in " ".join(res.stderr.split())
     assert "checkpoint" in log.read_text() and "cannot be resumed" in log.read_text()
     assert "cannot be resumed" in res.stdout  # the end of the log is shown
+    out = " ".join(res.stdout.split())
+    assert f"sft seed 1: resumed (row 0 and stage 1 are saved in {run_dir(root, 1)})" in out
+    assert "sft seed 2: started" in out
     assert read_results(run_dir(root, 2) / "results.json").status == "complete"
     assert (run_dir(root, 0) / "results.json").read_bytes() == complete  # skipped
     assert sorted(p.name for p in (root / "logs").iterdir()) == ["sft-s1.log", "sft-s2.log"]
