@@ -26,6 +26,9 @@ class UserError(Exception):
     """A mistake the user can fix; its message is shown without a traceback."""
 
     exit_code: int = USER_ERROR_EXIT_CODE
+    #: False for messages every process of a multi-process run raises alike (a stop): only the
+    #: main process prints them. Other errors may be one rank's own, so every rank prints.
+    every_rank: bool = True
 
 
 class Terminated(KeyboardInterrupt):

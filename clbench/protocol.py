@@ -95,6 +95,7 @@ class RunInterrupted(UserError):
     """Ctrl-C or SIGTERM: what was complete is saved; the run can be resumed."""
 
     exit_code = 130  # 143 after SIGTERM (see `after`)
+    every_rank = False  # every process stops and reads the same run folder
 
     @classmethod
     def after(cls, stop: KeyboardInterrupt, detail: str) -> RunInterrupted:

@@ -61,12 +61,16 @@ def stdout_console() -> Console:
 
     Under a multi-process launch (accelerate, torchrun) only the main process prints; the rank
     is read from the launcher's environment here so that the CLI does not import torch."""
-    quiet = (os.environ.get("RANK") or "0") != "0"
-    return Console(file=sys.stdout, highlight=False, soft_wrap=False, quiet=quiet)
+    return Console(file=sys.stdout, highlight=False, soft_wrap=False, quiet=not main_process())
 
 
-def stderr_console() -> Console:
-    return Console(file=sys.stderr, highlight=False)
+def stderr_console(quiet: bool = False) -> Console:
+    return Console(file=sys.stderr, highlight=False, quiet=quiet)
+
+
+def main_process() -> bool:
+    """False in the other processes of a multi-process launch (accelerate, torchrun)."""
+    return (os.environ.get("RANK") or "0") == "0"
 
 
 class ClbenchGroup(click.Group):
@@ -80,13 +84,14 @@ class ClbenchGroup(click.Group):
         except UserError as exc:
             if ctx.find_root().params.get("debug"):
                 raise
-            stderr_console().print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+            stderr_console(quiet=not (exc.every_rank or main_process())).print(
+                f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt as exc:
             if ctx.find_root().params.get("debug"):
                 raise
             word, code = stop_of(exc)
-            stderr_console().print(f"[yellow]{word}[/]")
+            stderr_console(quiet=not main_process()).print(f"[yellow]{word}[/]")
             ctx.exit(code)
         except OSError as exc:  # a path that cannot be read or written: a message, not a trace
             if ctx.find_root().params.get("debug"):
