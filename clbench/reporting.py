@@ -84,8 +84,11 @@ def print_summary(console: Console, result: RunResult) -> None:
 
 
 def metric_rows(result: RunResult) -> list[list[str]]:
-    """`[metric ↑/↓, value, variant]` of each metric of one run, headline metrics first."""
-    return [[f"{name} {'↑' if m.higher_is_better else '↓'}", _fmt(m.value), m.variant or ""]
+    """`[metric ↑/↓, value, variant]` of each metric of one run, headline metrics first; an
+    undefined one says why (e.g. "— (needs at least 2 stages ...)")."""
+    return [[f"{name} {'↑' if m.higher_is_better else '↓'}",
+             _fmt(m.value) + (f" ({m.note})" if m.value is None and m.note else ""),
+             m.variant or ""]
             for name, m in ((n, result.metrics[n]) for n in metric_order(result.metrics))]
 
 

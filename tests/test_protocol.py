@@ -312,7 +312,7 @@ def test_report_shows_every_metric_and_leaves_out_unreadable_results(tmp_path: P
     from clbench.reporting import report
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1").replace(
-        "  eval_size: 6\n", "  eval_size: 6\n  metrics: [acc, op, bwt]\n"))
+        "  eval_size: 6\n", "  eval_size: 6\n  metrics: [acc, op, bwt, intransigence]\n"))
     root = tmp_path / "grid"
     assert run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft",
                     "--out", str(root / "ok"), "--device", "cpu"]).exit_code == 0
@@ -322,6 +322,8 @@ def test_report_shows_every_metric_and_leaves_out_unreadable_results(tmp_path: P
     data = report([root], console=console)
     text = console.export_text()
     assert "op ↑" in text and "acc ↑" in text and "bwt ↑" in text
+    # an undefined metric says why
+    assert "intransigence ↓ │ — (needs a joint (multi-task) reference run)" in text
     assert [r["dir"] for r in data["runs"]] == [str(root / "ok")]
     assert "left out: " in text and "broken/results.json: not a readable JSON results file" in text
     assert data["skipped"] and "broken" in data["skipped"][0]
