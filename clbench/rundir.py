@@ -24,6 +24,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_dir, lock_is_held, try_file_lock
 from clbench.errors import UserError
+from clbench.models import absolute_model_name
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 from clbench.rows import saved_column_names
 from clbench.seeding import rng_states
@@ -82,7 +83,11 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None,
         except ValidationError:
             out["suite_spec"] = suite
     with contextlib.suppress(ValidationError):  # kept as written (see above)
-        out["model"] = ModelSpec.model_validate(identity.get("model")).model_dump(mode="json")
+        model = ModelSpec.model_validate(identity.get("model"))
+        # runs recorded a local folder as given, relative to where they ran, before it was
+        # recorded absolute: read it from here, as resuming from there always did
+        model.name = absolute_model_name(model.name)
+        out["model"] = model.model_dump(mode="json")
     out["method_config"] = method_config_as_read(identity.get("method", ""),
                                                  identity.get("method_config"), stored)
     return out

@@ -93,3 +93,13 @@ def test_a_model_given_by_a_relative_path_exports_from_another_folder(
     res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
                    "--model", "../models/start", "--out", "../run", "--resume"])
     assert res.exit_code == 0, res.output
+
+    # a run recorded before model folders were recorded absolute (as given, relative to where
+    # it ran) still resumes from there
+    identity = json.loads((tmp_path / "run" / "run.json").read_text())
+    identity["model"]["name"] = "models/start"
+    (tmp_path / "run" / "run.json").write_text(json.dumps(identity))
+    monkeypatch.chdir(tmp_path)
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+                   "--model", "models/start", "--out", "run", "--resume"])
+    assert res.exit_code == 0, res.output
