@@ -54,7 +54,7 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
     entries = []
     configs: dict[tuple[str, str], dict[str, Any]] = {}
     for where, r in found:
-        if r.status != "complete":
+        if r.status != "complete" or r.joint:  # a joint run is a reference, not a contender
             continue
         suite = f"{r.suite.get('name')}:{_suite_hash(r)[:15]}"
         config = method_config_as_read(r.method.name, r.method.config)

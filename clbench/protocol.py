@@ -59,6 +59,7 @@ from clbench.results import (
     new_result,
     write_results,
 )
+from clbench.joint import MixedTasks, mixed_train_set
 from clbench.rows import ColumnPlan, base_row, evaluate_row, evaluation_stamp, \
     forget_saved_cells, plan_columns, to_cells
 from clbench.rundir import (
@@ -229,8 +230,8 @@ def check_lm_eval_probes(run: RunSpec) -> None:
 
 class _Items(NamedTuple):
     plans: list[ColumnPlan]  # every column's eval items (or lm-eval probe)
-    stage_tasks: list[TaskSource]
-    train_sets: list[list[Example] | None]  # each stage's training items (None: stage done)
+    stage_tasks: list[TaskSource]  # what each of `run.training_stages()` trains on
+    train_sets: list[list[Example] | None]  # each one's training items (None: stage done)
 
 
 def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
@@ -241,7 +242,7 @@ def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
     plans, stage_tasks = plan_columns(run)
     train_sets: list[list[Example] | None] = []
     for i, (task, spec) in enumerate(zip(stage_tasks, run.suite.stages)):
-        if i + 1 < first_stage:
+        if i + 1 < first_stage and not run.joint:
             train_sets.append(None)
             continue
         try:
@@ -251,6 +252,10 @@ def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
                                 f"{spec.task.train_size}): {exc}") from None
         except UserError as exc:
             raise UserError(f"stage {spec.name!r} (stages[{i}].task): {exc}") from None
+    if run.joint:  # one stage over every stage's items
+        seeds = [s.task.seed for s in run.suite.stages]
+        mixed = mixed_train_set(train_sets, seeds)  # type: ignore[arg-type]
+        return _Items(plans, [MixedTasks(stage_tasks)], [mixed if first_stage <= 1 else None])
     return _Items(plans, stage_tasks, train_sets)
 
 
@@ -268,7 +273,7 @@ def make_distributed(run: RunSpec) -> Distributed:
     from clbench.engine.optim import rank_share
 
     dist = Distributed.create(run.device, run.model.dtype, run.model.mixed_precision)
-    for spec in run.suite.stages:  # before anything trains, not when the stage comes
+    for spec in run.training_stages():  # before anything trains, not when the stage comes
         rank_share(range(spec.budget.prompts_per_step), 0, dist.num_processes, spec.name)
     return dist
 
@@ -292,6 +297,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                              "parameters": sum(p.numel() for p in model.parameters()),
                              "device": str(device), **dist.describe()}
     stamp = evaluation_stamp(run, plans, result.model.resolved)
+    stages = run.training_stages()
     stage = done
     try:
         with run_progress(console, disable=not main) as progress, dist.autocast():
@@ -304,9 +310,9 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 if main:
                     write_results(run_dir / RESULTS_FILENAME, result)
                 dist.wait()
-            stages_bar = progress.add_task("stages", total=len(run.suite.stages), completed=done)
-            for stage in range(done + 1, len(run.suite.stages) + 1):
-                spec = run.suite.stages[stage - 1]
+            stages_bar = progress.add_task("stages", total=len(stages), completed=done)
+            for stage in range(done + 1, len(stages) + 1):
+                spec = stages[stage - 1]
                 if stage == trained:
                     report = trained_report(run_dir, stage)
                     if main:  # a stop between saving and pruning may have left some behind
@@ -350,7 +356,8 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
         log.exception("run failed")
         raise
     result.status = "complete"
-    fill_metrics(result, run)
+    if not run.joint:  # a joint run is the reference of other runs' intransigence
+        fill_metrics(result, run)
     account_compute(result, clock.lap(), device)
     if main:
         write_results(run_dir / RESULTS_FILENAME, result)
@@ -366,21 +373,22 @@ def _restore(run: RunSpec, run_dir: Path, result: RunResult, model: Any, method:
     whose evaluation continues, or None; the progress of a stage stopped in the middle of its
     training, or None). A fresh run loads nothing."""
     done = max(0, len(result.matrix) - 1)
-    going = bool(result.matrix) and done < len(run.suite.stages)
+    stages = run.training_stages()
+    going = bool(result.matrix) and done < len(stages)
     trained = done + 1 if going and has_checkpoint(run_dir, done + 1) else None
     partial = progress_checkpoint(run_dir, done + 1) if going and not trained else None
     resume, news = None, ""
     if partial:
         resume = load_progress_checkpoint(partial[1], model, method)
         news = (f"stage {done + 1} continues after step {partial[0]} of "
-                f"{run.suite.stages[done].budget.steps}")
+                f"{stages[done].budget.steps}")
     elif trained or done:
         load_checkpoint(run_dir, trained or done, model, method)
         if trained:
             news = f"stage {trained} was trained before the stop, its evaluation continues"
     else:
         return None, None
-    message = f"resuming after stage {done} of {len(run.suite.stages)}" if done else "resuming"
+    message = f"resuming after stage {done} of {len(stages)}" if done else "resuming"
     message += f"{'; ' if done else ': '}{news}" if news else ""
     log.info("%s (%s)", message, run_dir)
     console.print(message)

@@ -22,6 +22,7 @@ from clbench.comparison import (comparison, comparison_groups, comparison_tables
                                 cost_comparison, cost_tables, format_gib, metric_order,
                                 print_comparison)
 from clbench.errors import UserError
+from clbench.joint import add_intransigence
 from clbench.progress import clock_time
 from clbench.results import RESULTS_FILENAME, RunResult, peak_memory_kind, read_results
 from clbench.rundir import IDENTITY_FILE, run_is_live, what_is_saved
@@ -33,12 +34,17 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else format_value(value, digits)
 
 
+def run_title(result: RunResult) -> str:
+    """`suite / method / seed N`, marked when the run is a joint reference."""
+    joint = " (joint reference)" if result.joint else ""
+    return f"{result.suite.get('name')} / {result.method.name}{joint} / seed {result.seed}"
+
+
 def matrix_table(result: RunResult) -> Any:
     """R as a rich table: rows = base and after each stage, columns = tasks then probes."""
     from rich.table import Table
 
-    table = Table(title=f"R: {result.suite.get('name')} / {result.method.name} / seed "
-                        f"{result.seed} ({result.status})")
+    table = Table(title=f"R: {run_title(result)} ({result.status})")
     table.add_column("after", style="bold")
     for c in result.columns:
         table.add_column(f"{c.name}\n[dim]{c.kind}[/]", justify="right")
@@ -147,9 +153,11 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
     console = console or Console()
     skipped: list[str] = []
     found = collect_results(run_dirs, skipped)
+    add_intransigence(found)
     groups = comparison_groups(found)
     data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
-                      "seed": r.seed, "status": r.status, "row_labels": r.row_labels,
+                      "seed": r.seed, "joint": r.joint, "status": r.status,
+                      "row_labels": r.row_labels,
                       "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
                       "metrics": {k: v.value for k, v in r.metrics.items()},
                       "standing": standing(d, r)}
@@ -197,8 +205,7 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
     whose count differs from its column's says it in the cell)."""
     out: list[str] = [f"> left out: {reason}" for reason in skipped]
     for where, r in found:
-        out += ["", f"### R: {r.suite.get('name')} / {r.method.name} / seed {r.seed} "
-                    f"({r.status}), `{where}`", ""]
+        out += ["", f"### R: {run_title(r)} ({r.status}), `{where}`", ""]
         if not r.matrix or not r.columns:
             out += ["No row of R yet." if r.columns else "No columns."]
         else:
@@ -238,8 +245,8 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
                   f"({escape(run.suite_file or '')})  hash {suite.content_hash()[:19]}",
                   soft_wrap=True)
     console.print(f"[bold]method[/] {escape(run.method.name)}  [bold]seed[/] {run.seed}  "
-                  f"[bold]device[/] {escape(run.device)}  [bold]out[/] {escape(run.out_dir)}",
-                  soft_wrap=True)
+                  f"[bold]device[/] {escape(run.device)}  [bold]out[/] {escape(run.out_dir)}"
+                  + ("  [bold]joint reference run[/]" if run.joint else ""), soft_wrap=True)
     model = run.model
     console.print(f"[bold]model[/] {escape(model.name)} (dtype {model.dtype}"
                   + (f", revision {escape(model.revision)}" if model.revision else "") + ")")
@@ -252,9 +259,11 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
     stages.add_column("task", overflow="fold", min_width=12)
     for col in ("train", "steps", "prompts", "samples", "tokens", "temp", "lr"):
         stages.add_column(col, no_wrap=True, justify="right")
-    for stage in suite.stages:
+    for stage in run.training_stages():
         b = stage.budget
-        stages.add_row(stage.name, escape(stage.task.source),
+        source = " + ".join(s.task.source for s in suite.stages) if run.joint else \
+            stage.task.source
+        stages.add_row(stage.name, escape(source),
                        str(stage.task.train_size), str(b.steps), str(b.prompts_per_step),
                        str(b.samples_per_prompt), str(b.max_new_tokens), f"{b.temperature:g}",
                        "-" if b.lr is None else f"{b.lr:g}")
@@ -279,7 +288,8 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
             columns.add_row(probe.name, probe.kind, escape(f"lm_eval:{lm.task}"),
                             str(lm.limit) if lm.limit else "all", f"metric={escape(lm.metric)}")
     console.print(columns)
-    console.print(f"[bold]metrics[/] {', '.join(suite.protocol.metrics)}; decoding "
+    metrics = "none (a joint reference run)" if run.joint else ", ".join(suite.protocol.metrics)
+    console.print(f"[bold]metrics[/] {metrics}; decoding "
                   f"temperature {suite.protocol.decoding.temperature:g}, max new tokens "
                   f"{suite.protocol.decoding.max_new_tokens}", soft_wrap=True)
     console.print("[bold]method config[/] " + escape(json.dumps(method_config, default=str)),

@@ -171,6 +171,8 @@ class RunResult(Record):
     method: MethodInfo
     model: ModelInfo
     seed: int
+    joint: bool = Field(default=False, description="A joint reference run: one stage trained "
+                        "on every stream task at once; R has the base row and that stage's.")
     versions: dict[str, str] = Field(default_factory=dict)
     git_revision: str | None = None
     created: datetime = Field(default_factory=_now)
@@ -237,6 +239,7 @@ def new_result(run: RunSpec, method_config: dict[str, Any] | None = None,
                           distribution=method_distribution),
         model=ModelInfo(spec=run.model.model_dump(mode="json")),
         seed=run.seed,
+        joint=run.joint,
         versions=collect_versions(),
         git_revision=git_revision(),
         columns=columns_for_suite(run.suite),

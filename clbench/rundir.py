@@ -50,10 +50,13 @@ class RunDirError(UserError):
 
 def run_identity(run: RunSpec, method_config: dict[str, Any]) -> dict[str, Any]:
     """What makes two runs the same run: suite content, method and config, model, seed."""
-    return {"suite": run.suite.name, "suite_hash": run.suite.content_hash(),
-            "suite_spec": run.suite.model_dump(mode="json"),
-            "method": run.method.name, "method_config": method_config,
-            "model": run.model.model_dump(mode="json"), "seed": run.seed}
+    identity = {"suite": run.suite.name, "suite_hash": run.suite.content_hash(),
+                "suite_spec": run.suite.model_dump(mode="json"),
+                "method": run.method.name, "method_config": method_config,
+                "model": run.model.model_dump(mode="json"), "seed": run.seed}
+    if run.joint:  # only then: the identities of runs made before joint runs existed match
+        identity["joint"] = True
+    return identity
 
 
 def current_reading(identity: dict[str, Any], run_dir: Path | None = None,

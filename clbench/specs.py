@@ -260,6 +260,39 @@ class RunSpec(Spec):
                                       "at most that much training; 0: after every step (or "
                                       "batch, when a batch serves several steps). A stage is "
                                       "always checkpointed once trained.")
+    joint: bool = Field(default=False, description="Train one stage, `joint`, on every stream "
+                        "task at once (their training items mixed, the stages' steps summed) "
+                        "instead of stage by stage, then evaluate every column: the joint "
+                        "(multi-task) reference whose scores give other runs' intransigence "
+                        "(`clbench report`).")
     suite_file: str | None = Field(default=None, description="The suite file the run was "
                                    "built from; relative paths in the suite (e.g. an lm-eval "
                                    "`include_path`) resolve against its folder.")
+
+    def training_stages(self) -> list[StageSpec]:
+        """What the run trains, in order: the suite's stages, or the joint stage of a joint run
+        (:func:`joint_stage`)."""
+        return [joint_stage(self.suite.stages)] if self.joint else list(self.suite.stages)
+
+
+#: Budget fields that every stage must share for a joint run (its one stage has one budget).
+JOINT_SHARED_BUDGET = ("prompts_per_step", "samples_per_prompt", "temperature", "top_p", "lr")
+
+
+def joint_stage(stages: list[StageSpec]) -> StageSpec:
+    """The one stage of a joint run: every stage's task (training items mixed), their steps
+    summed, the longest `max_new_tokens`. The rest of the budget must agree across the stages
+    (ValueError naming the field otherwise)."""
+    budgets = [s.budget for s in stages]
+    for name in JOINT_SHARED_BUDGET:
+        values = [getattr(b, name) for b in budgets]
+        if any(v != values[0] for v in values):
+            shown = ", ".join(f"{s.name}: {v}" for s, v in zip(stages, values))
+            raise ValueError(f"a joint run trains every stage's task in one stage with one "
+                             f"budget, so the stages must agree on `budget.{name}` ({shown})")
+    budget = budgets[0].model_copy(update={
+        "steps": sum(b.steps for b in budgets),
+        "max_new_tokens": max(b.max_new_tokens for b in budgets)})
+    task = TaskSpec(source="joint", params={"stages": [s.name for s in stages]},
+                    train_size=sum(s.task.train_size for s in stages))
+    return StageSpec(name="joint", task=task, budget=budget)

@@ -46,7 +46,7 @@ def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
     and the method's state already restored)."""
     from clbench.engine.api import StageContext
 
-    spec = run.suite.stages[stage - 1]
+    spec = run.training_stages()[stage - 1]
     total = spec.budget.steps
     stage_seed = derive_seed(run.seed, stage)
     seed_everything(stage_seed)

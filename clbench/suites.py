@@ -33,7 +33,7 @@ from clbench.spec_reading import (
     read_yaml,
     validate_model,
 )
-from clbench.specs import MethodSpec, ModelSpec, RunSpec, SuiteSpec, TaskSpec
+from clbench.specs import MethodSpec, ModelSpec, RunSpec, SuiteSpec, TaskSpec, joint_stage
 
 SUITE_PATH_ENV = "CLBENCH_SUITE_PATH"
 SUITE_SUFFIXES = (".yaml", ".yml")
@@ -238,7 +238,7 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
                    out_dir: str | os.PathLike[str] | None = None,
                    overrides: Sequence[str] = (), model: str | None = None,
                    device: str = "auto", reuse_base_row: bool = True,
-                   checkpoint_minutes: float = 15.0) -> RunSpec:
+                   checkpoint_minutes: float = 15.0, joint: bool = False) -> RunSpec:
     """Everything one run needs, validated: suite (with overrides), method, model, seed."""
     method_sets, model_sets, suite_sets = split_overrides(overrides)
     path = resolve_suite(suite_ref)
@@ -254,13 +254,18 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
 
     params = apply_overrides({}, method_sets)
     registry.validate_method_params(method_name, params, where="method")
-    out = os.fspath(out_dir) if out_dir is not None else default_out_dir(suite.name,
-                                                                        method_name, seed)
+    out = os.fspath(out_dir) if out_dir is not None else default_out_dir(
+        suite.name, method_name + ("-joint" if joint else ""), seed)
+    if joint:
+        try:
+            joint_stage(suite.stages)
+        except ValueError as exc:
+            raise SpecError(f"--joint: {exc}") from None
     return validate_model(RunSpec, {
         "suite": suite, "method": MethodSpec(name=method_name, params=params),
         "model": model_spec, "seed": seed, "out_dir": out, "device": device,
         "suite_file": str(path), "reuse_base_row": reuse_base_row,
-        "checkpoint_minutes": checkpoint_minutes,
+        "checkpoint_minutes": checkpoint_minutes, "joint": joint,
     }, "run")
 
 

@@ -179,7 +179,8 @@ class SDPOObjective(Objective):
             if not tc.active:
                 continue
             row = completion_supervision(ctx.tokenizer, rollout.text, rollout.completion_ids,
-                                         cfg.supervision, ctx.task.answer_start,
+                                         cfg.supervision,
+                                         ctx.task.answer_start_for(batch.examples[i // n]),
                                          supervise_closing=cfg.supervise_eos)
             supervised[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
         generator = torch.Generator().manual_seed(

@@ -47,10 +47,16 @@ from clbench.seeding import MAX_SEED
 @device_option
 @no_base_cache_option
 @checkpoint_minutes_option
+@click.option("--joint", is_flag=True,
+              help="The joint reference run: train one stage on every stream task at once "
+                   "(their steps summed) instead of stage by stage; `clbench report` uses its "
+                   "scores for other runs' intransigence  [default out: "
+                   "runs/<suite>/<method>-joint/s<seed>]")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
 def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
                 sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
-                no_base_cache: bool, checkpoint_minutes: float, plan_only: bool) -> None:
+                no_base_cache: bool, checkpoint_minutes: float, joint: bool,
+                plan_only: bool) -> None:
     """Benchmark a method on a suite: train stage by stage and fill the accuracy matrix.
 
     \b
@@ -58,6 +64,7 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
       clbench run --suite starter --method sdpo --seed 0
       clbench run --suite starter --method sdpo --seed 0 --set method.lr=2e-5 \\
           --set stages[0].budget.steps=4 --out runs/starter-lr2e-5/sdpo/s0
+      clbench run --suite starter --method sdpo --seed 0 --joint
     """
     from clbench import registry
     from clbench.reporting import print_plan
@@ -67,7 +74,7 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
                          overrides=parse_sets(sets), model=model_name, device=device,
                          reuse_base_row=not no_base_cache,
-                         checkpoint_minutes=checkpoint_minutes)
+                         checkpoint_minutes=checkpoint_minutes, joint=joint)
     config = registry.validate_method_params(run.method.name, run.method.params, where="method")
     console = stdout_console()
     print_plan(console, run, config.model_dump(mode="json"))

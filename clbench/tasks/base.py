@@ -97,6 +97,11 @@ class TaskSource(ABC):
         """
         return default_answer_start(completion)
 
+    def answer_start_for(self, example: Example) -> Callable[[str], int]:
+        """:meth:`answer_start` for completions of `example` (the joint reference's mixture of
+        tasks answers with the task the example comes from)."""
+        return self.answer_start
+
 
 def default_answer_start(completion: str) -> int:
     """After the last `</think>`; else the start of the last non-empty line; else 0."""

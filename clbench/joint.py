@@ -1,0 +1,110 @@
+"""The joint (multi-task) reference: one model trained on every stream task at once.
+
+Intransigence (Chaudhry et al. 2018) asks how much worse a continual learner does on task k right
+after learning it than a model trained on all tasks jointly: I_k = a*_k - R[k][k]. A joint run
+(`clbench run --joint`) gives a*: it trains one stage, `joint`, on the union of the stages'
+training items in a seeded mixed order, with the stages' steps summed
+(:func:`clbench.specs.joint_stage`), and evaluates the suite's usual columns once. Its R has two
+rows, base and joint; continual metrics do not apply to it.
+
+`clbench report` pairs each run with the joint runs of the same suite content and method setting
+among its inputs: a*_k is their mean score on stream column k (over seeds), and the run's
+intransigence is computed from it (:func:`add_intransigence`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from clbench.tasks.base import Example, Grade, Split, TaskSource, seeded_rng
+
+if TYPE_CHECKING:
+    from clbench.results import RunResult
+
+PART_KEY = "joint_part"  # an example's task in the mixture, in its metadata
+
+
+class MixedTasks(TaskSource):
+    """The stages' tasks as one training task: each example is graded (and its answer found)
+    by the task it comes from. Its items are the stages' own (:func:`mixed_train_set`); it
+    draws none itself."""
+
+    name = "joint"
+    description = "Every stream task at once (the joint reference's training task)."
+    domain = "mixed"
+
+    def __init__(self, parts: Sequence[TaskSource]) -> None:
+        super().__init__()
+        self.parts = list(parts)
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        raise NotImplementedError("the joint task's items are the stages' own "
+                                  "(clbench.joint.mixed_train_set)")
+
+    def _part(self, example: Example) -> TaskSource:
+        return self.parts[int(example.metadata[PART_KEY])]
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return self._part(example).grade(example, completion)
+
+    def answer_start_for(self, example: Example) -> Callable[[str], int]:
+        return self._part(example).answer_start_for(example)
+
+
+def mixed_train_set(train_sets: Sequence[Sequence[Example]], seed: Any) -> list[Example]:
+    """Every stage's training items, each marked with its stage (0-based), in one order shuffled
+    from `seed` (the data seeds: the same items in the same order for every run seed)."""
+    mixed = [dataclasses.replace(e, metadata={**e.metadata, PART_KEY: i})
+             for i, items in enumerate(train_sets) for e in items]
+    seeded_rng("joint", seed).shuffle(mixed)
+    return mixed
+
+
+def joint_reference(run: RunResult, joint_runs: Sequence[RunResult]) -> tuple[list[float], int] | None:
+    """a*: the mean score on each stream column, over `joint_runs` that are references of
+    `run` (complete joint runs of the same suite content, model and method setting, the
+    setting read as the installed method reads it), and how many there are; None if none."""
+    from clbench.rundir import method_config_as_read
+
+    def setting(r: RunResult) -> Any:
+        return (r.suite_hash, r.method.name, r.model.spec,
+                json.dumps(method_config_as_read(r.method.name, r.method.config),
+                           sort_keys=True, default=str))
+
+    same = [j for j in joint_runs if j.joint and j.status == "complete" and len(j.matrix) == 2
+            and setting(j) == setting(run)]
+    if not same:
+        return None
+    stream = [i for i, c in enumerate(run.columns) if c.kind == "stream"]
+    scores = [[None if j.matrix[-1][i] is None else j.matrix[-1][i].score for i in stream]
+              for j in same]
+    return [float("nan") if any(s[k] is None for s in scores) else
+            sum(s[k] for s in scores) / len(scores) for k in range(len(stream))], len(same)
+
+
+def add_intransigence(found: Sequence[tuple[Any, RunResult]]) -> None:
+    """Give every complete continual run among `found` its intransigence against the joint runs
+    among `found` that are its references (:func:`joint_reference`); a run without one keeps
+    what it has (undefined, with its note)."""
+    from clbench.metrics.continual import compute_metrics
+    from clbench.results import MetricValue
+
+    joint_runs = [r for _, r in found if r.joint]
+    for _, run in found:
+        if run.joint or run.status != "complete":
+            continue
+        reference = joint_reference(run, joint_runs)
+        if reference is None:
+            continue
+        a_star, n = reference
+        matrix = [[float("nan") if c is None else c.score for c in row] for row in run.matrix]
+        entry = compute_metrics(matrix, [c.model_dump() for c in run.columns],
+                                metrics=["intransigence"], joint=a_star)["intransigence"]
+        per_stage = entry.get("per_stage")
+        run.metrics["intransigence"] = MetricValue(
+            value=entry["value"], variant=f"joint reference (n={n})", higher_is_better=False,
+            note=entry.get("note"),
+            per_stage=None if per_stage is None else [float(v) for v in per_stage])
