@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -129,14 +130,19 @@ def try_file_lock(path: str | os.PathLike[str]) -> IO[str] | None:
 
     A lock file may be removed by its holder (a run that stopped before writing anything), so a
     lock taken on a file that is no longer at `path` is dropped and taken again on the new one:
-    otherwise two processes could each hold "the" lock on different files."""
+    otherwise two processes could each hold "the" lock on different files. A lock held for an
+    instant (:func:`lock_is_held` probing it, e.g. `clbench report`) is waited out briefly."""
+    deadline = time.monotonic() + 0.5
     while True:
         handle = open(path, "a")  # "a": creating it must not truncate what a holder wrote
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             handle.close()
-            return None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+            continue
         with contextlib.suppress(FileNotFoundError):  # unlinked meanwhile: try again below
             if os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino:
                 return handle

@@ -123,8 +123,12 @@ def absolute_model_name(name: str) -> str:
     tiny models and hub ids are returned unchanged."""
     if name == EMBEDDED_MODEL or name.startswith("tiny-"):
         return name
-    local = Path(name).expanduser()
-    return str(local.resolve()) if local.exists() else name
+    try:
+        local = Path(name).expanduser()
+        # absolute, not resolved: a folder reached through a symlink keeps the user's path
+        return os.path.abspath(local) if local.exists() else name
+    except (RuntimeError, OSError):  # `~user` of an unknown user, an unreadable path
+        return name
 
 
 def load_model(spec: ModelSpec | str, device: str | torch.device | None = "auto",

@@ -105,12 +105,14 @@ def standing(run_dir: Path, result: RunResult) -> str | None:
     if result.status == "complete":
         return None
     rows = len(result.matrix)
-    status = result.status
-    if (run_dir / IDENTITY_FILE).is_file():
-        kept = what_is_saved(run_dir, rows, len(result.columns))
-        status += " (running now)" if run_is_live(run_dir) else ""
-    else:  # a results file copied out of its run folder
-        kept = f"{rows} row{'s' if rows != 1 else ''} of R"
+    status, kept = result.status, f"{rows} row{'s' if rows != 1 else ''} of R"
+    try:
+        if (run_dir / IDENTITY_FILE).is_file():
+            live = run_is_live(run_dir)
+            kept = what_is_saved(run_dir, rows, len(result.columns), live)
+            status += " (running now)" if live else ""
+    except OSError:  # a folder this user cannot search: what the results file says
+        pass
     return f"{status}: {f'{result.error}; ' if result.error else ''}{kept}"
 
 
@@ -222,7 +224,7 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
                 f"{c.name} {n}" for c, n in zip(r.columns, counts)) + "."]
         out += ["", f"Compute: {compute_summary(r)}."]
         if (state := standing(where, r)) is not None:
-            out += ["", f"Not complete: {state}."]
+            out += ["", f"Status: {state}."]
         if r.metrics:
             out += ["", *_md_table(["metric (n = 1)", "value", "variant"], metric_rows(r),
                                    right=[1])]

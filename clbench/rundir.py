@@ -26,7 +26,6 @@ from clbench.atomic import atomic_dir, lock_is_held, try_file_lock
 from clbench.errors import UserError
 from clbench.models import absolute_model_name
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
-from clbench.rows import saved_column_names
 from clbench.seeding import rng_states
 from clbench.specs import MEASURED_EXCLUDES, ModelSpec, RunSpec, SuiteSpec
 
@@ -361,21 +360,26 @@ def _to_device(value: Any, device: Any) -> Any:
     return value
 
 
-def what_is_saved(run_dir: Path, rows: int, columns: int | None = None) -> str:
+def what_is_saved(run_dir: Path, rows: int, columns: int | None = None,
+                  live: bool = False) -> str:
     """What a run that is not complete keeps in `run_dir`, read from the disk, given its number
     of complete rows of R (row 0 is the base) and of columns: the words of the stop message and
-    of `clbench report`."""
+    of `clbench report` (`live`: a process is running it now)."""
+    from clbench.rows import saved_column_names  # rows brings evaluation: not for every reader
+
     trained = rows > 0 and has_checkpoint(run_dir, rows)
     steps = progress_checkpoint(run_dir, rows) if rows and not trained else None
     saved = saved_column_names(run_dir, rows) if trained or rows == 0 else []
-    return saved_rows(rows, run_dir, trained, steps[0] if steps else None, saved, columns)
+    return saved_rows(rows, run_dir, trained, steps[0] if steps else None, saved, columns, live)
 
 
 def saved_rows(rows: int, run_dir: Path, trained: bool = False, steps: int | None = None,
-               saved_columns: Sequence[str] = (), columns: int | None = None) -> str:
-    """What a stopped run keeps, from its number of complete rows of R (row 0 is the base),
-    whether the next stage was trained (and checkpointed) before the stop, or else how many of
-    its steps its last checkpoint holds, and the columns of the row in progress saved so far."""
+               saved_columns: Sequence[str] = (), columns: int | None = None,
+               live: bool = False) -> str:
+    """What a run that is not complete (stopped, failed, or `live`: running now) keeps, from its
+    number of complete rows of R (row 0 is the base), whether the next stage is trained (and
+    checkpointed), or else how many of its steps its last checkpoint holds, and the columns of
+    the row in progress saved so far."""
     done = ""
     if saved_columns:
         done = (f"; {len(saved_columns)}{f' of {columns}' if columns else ''} columns saved: "
@@ -389,7 +393,8 @@ def saved_rows(rows: int, run_dir: Path, trained: bool = False, steps: int | Non
         stages = "stage 1" if rows == 2 else f"stages 1..{rows - 1}"
         kept = f"row 0 and {stages} are saved"
     if trained:
-        kept += f", and stage {rows} is trained (its evaluation continues where it stopped{done})"
+        going = "is under way" if live else "continues where it stopped"
+        kept += f", and stage {rows} is trained (its evaluation {going}{done})"
     elif steps:
         kept += f", and stage {rows} up to step {steps}"
     return f"{kept} in {run_dir}"

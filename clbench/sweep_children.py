@@ -269,13 +269,14 @@ def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, cons
                                   + ("" if code == 0 else f" (exit {code})") + "[/]")
         while waiting and sum(c.state == "running" for c in children) < jobs:
             child = waiting.pop(0)
+            rows = child.rows_done()  # before it starts: what it continues from
+            columns = len(child.run.suite.stages) + len(child.run.suite.probes)
+            what = "started" if rows is None else \
+                f"resumed ({what_is_saved(Path(child.run.out_dir), rows, columns)})"
             with stops_deferred():  # a child that is started is a child that will be stopped
                 child.process = launch.start(child.run)
                 child.state, child.started = "running", time.monotonic()
-            rows = child.rows_done()
             said[children.index(child)] = rows or 0  # a resumed run's rows are old
-            what = "started" if rows is None else \
-                f"resumed ({what_is_saved(Path(child.run.out_dir), rows)})"
             console.print(f"{escape(child.name)}: {escape(what)}, log "
                           f"{escape(str(child.log_path))}", soft_wrap=True)
         live.update(progress_table(children), refresh=True)

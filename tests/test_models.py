@@ -209,3 +209,16 @@ def test_a_device_this_machine_lacks_is_a_clear_refusal(monkeypatch) -> None:
         resolve_device("mps")
     with pytest.raises(ModelLoadError, match="'npu' is not a valid torch device"):
         resolve_device("npu")
+
+
+def test_a_local_model_folder_is_recorded_absolute_as_the_user_reaches_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clbench.models import absolute_model_name
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(tmp_path)
+    assert absolute_model_name("link") == str(tmp_path / "link")  # not resolved to "real"
+    assert absolute_model_name("./real/../link") == str(tmp_path / "link")
+    for name in ("smollm2-135m", "tiny-llama", "owner/model", "~no-such-user-x/model"):
+        assert absolute_model_name(name) == name  # not local folders: as given

@@ -231,8 +231,14 @@ def test_report_says_where_a_run_that_is_not_complete_stands(tmp_path: Path) -> 
 
     with lock_run_dir(out):  # a process running it now
         (run,) = report([out], console=console)["runs"]
-    assert run["standing"].startswith("partial (running now): row 0 and stage 1 are saved")
+    assert run["standing"] == expected.replace(
+        "partial:", "partial (running now):").replace("continues where it stopped", "is under way")
 
+    import io
+
+    markdown = Console(file=io.StringIO(), width=300)
+    report([out], console=markdown, as_markdown=True)
+    assert f"Status: {expected}." in markdown.file.getvalue()
     result.status, result.error = "failed", "stage 2: RuntimeError: out of memory"
     write_results(out / "results.json", result)
     copied = tmp_path / "copied.json"  # out of its folder: only what the file says

@@ -213,3 +213,22 @@ def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
              for p in sorted((straight / "items").rglob("*.jsonl"))}
     assert {p.relative_to(stopped): p.read_text()
             for p in sorted((stopped / "items").rglob("*.jsonl"))} == items
+
+
+def test_a_run_stopped_in_its_first_stage_says_what_row_0_cost(tmp_path: Path) -> None:
+    name = "test.sft-stopping"
+    plugins = {"methods": {name: stopping(registry.load_method_class("sft"))},
+               "tasks": {"toy.lowercase": LowercaseTask}}
+    (tmp_path / "suite.yaml").write_text(SUITE)
+    out = tmp_path / "r"
+    STOP["at"] = (1, 1)
+    with registry.extra_plugins(**plugins):
+        res = CliRunner().invoke(cli, ["run", "--suite", str(tmp_path / "suite.yaml"), "--method",
+                                       name, "--device", "cpu", "--no-base-cache", "--out",
+                                       str(out)], catch_exceptions=False)
+    assert res.exit_code == 130, res.output
+    partial = read_results(out / "results.json")
+    assert len(partial.matrix) == 1 and partial.stages == []
+    # row 0 took time and memory: the partial results say so (they used to say nothing)
+    assert partial.compute.wall_time_s > 0 and partial.compute.device == "cpu"
+    assert partial.compute.peak_memory_bytes
