@@ -46,7 +46,7 @@ from clbench.specs import RunSpec, SuiteSpec
 if TYPE_CHECKING:
     import torch
 
-RESULTS_SCHEMA_VERSION = "1.0"
+RESULTS_SCHEMA_VERSION = "1.1"  # 1.1: `joint`
 RESULTS_FILENAME = "results.json"
 
 RunStatus = Literal["complete", "partial", "failed", "collapsed"]

@@ -50,7 +50,7 @@ def filled(run_spec: RunSpec) -> RunResult:
 
 def test_new_result_records_provenance(run_spec: RunSpec) -> None:
     result = new_result(run_spec)
-    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.0"
+    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.1"
     assert result.status == "partial"
     assert result.suite_hash == run_spec.suite.content_hash()
     assert result.suite_spec() == run_spec.suite
@@ -75,7 +75,7 @@ def test_round_trip(tmp_path: Path, run_spec: RunSpec) -> None:
     assert back.created == result.created and back.updated >= back.created
     assert back.model_dump() == result.model_dump() | {"stages": back.model_dump()["stages"]}
     raw = json.loads(path.read_text())
-    assert raw["schema_version"] == "1.0" and raw["matrix"][0][2] is None
+    assert raw["schema_version"] == "1.1" and raw["matrix"][0][2] is None
 
 
 def test_shape_is_checked(run_spec: RunSpec) -> None:
@@ -122,9 +122,10 @@ def test_newer_minor_version_is_read_and_its_new_fields_ignored(tmp_path: Path,
     path.write_text(json.dumps(data))
     with pytest.raises(ResultsError) as info:
         read_results(path)
+    ours = RESULTS_SCHEMA_VERSION
     assert sorted(str(info.value).splitlines()) == [
-        f"{path}: energy_kwh: unknown field (not part of results schema 1.0)",
-        f"{path}: matrix[0][0].median: unknown field (not part of results schema 1.0)"]
+        f"{path}: energy_kwh: unknown field (not part of results schema {ours})",
+        f"{path}: matrix[0][0].median: unknown field (not part of results schema {ours})"]
 
 
 @pytest.mark.parametrize(("content", "message"), [
