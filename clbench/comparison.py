@@ -32,7 +32,7 @@ def metric_order(names: Iterable[str]) -> list[str]:
     return [m for m in SUMMARY_METRICS if m in names] + sorted(names - set(SUMMARY_METRICS))
 
 
-def _suite_hash(result: RunResult) -> str:
+def suite_hash_as_read(result: RunResult) -> str:
     """The hash of the run's suite as the current schema reads it, so runs from before a field
     was added (at its default) group with runs from after; the stored hash if it no longer
     validates."""
@@ -56,7 +56,7 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
     for where, r in found:
         if r.status != "complete" or r.joint:  # a joint run is a reference, not a contender
             continue
-        suite = f"{r.suite.get('name')}:{_suite_hash(r)[:15]}"
+        suite = f"{r.suite.get('name')}:{suite_hash_as_read(r)[:15]}"
         config = method_config_as_read(r.method.name, r.method.config)
         key = json.dumps(config, sort_keys=True, default=str)
         configs.setdefault((suite, r.method.name), {})[key] = config

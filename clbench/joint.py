@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from clbench.errors import UserError
 from clbench.tasks.base import Example, Grade, Split, TaskSource, seeded_rng
 
 if TYPE_CHECKING:
@@ -53,6 +54,10 @@ class MixedTasks(TaskSource):
     def answer_start_for(self, example: Example) -> Callable[[str], int]:
         return self._part(example).answer_start_for(example)
 
+    def answer_start(self, completion: str) -> int:
+        raise TypeError("the joint run's task mixes tasks, each with its own answer format: a "
+                        "method asks `ctx.task.answer_start_for(example)(completion)`")
+
 
 def mixed_train_set(train_sets: Sequence[Sequence[Example]], seed: Any) -> list[Example]:
     """Every stage's training items, each marked with its stage (0-based), in one order shuffled
@@ -64,25 +69,46 @@ def mixed_train_set(train_sets: Sequence[Sequence[Example]], seed: Any) -> list[
 
 
 def joint_reference(run: RunResult, joint_runs: Sequence[RunResult]) -> tuple[list[float], int] | None:
-    """a*: the mean score on each stream column, over `joint_runs` that are references of
-    `run` (complete joint runs of the same suite content, model and method setting, the
-    setting read as the installed method reads it), and how many there are; None if none."""
-    from clbench.rundir import method_config_as_read
-
-    def setting(r: RunResult) -> Any:
-        return (r.suite_hash, r.method.name, r.model.spec,
-                json.dumps(method_config_as_read(r.method.name, r.method.config),
-                           sort_keys=True, default=str))
-
-    same = [j for j in joint_runs if j.joint and j.status == "complete" and len(j.matrix) == 2
-            and setting(j) == setting(run)]
+    """a*: the mean score on each stream column over the joint runs that are references of
+    `run` (complete joint runs of the same suite content, model and method setting, each read
+    as the current schemas and the installed method read it), one per seed, and how many there
+    are; None if none. Two different joint runs of one seed are refused."""
+    same: dict[int, RunResult] = {}
+    for j in joint_runs:
+        if not (j.joint and j.status == "complete" and len(j.matrix) == 2
+                and _setting(j) == _setting(run)):
+            continue
+        if j.seed in same and same[j.seed].model_dump() != j.model_dump():
+            raise UserError(f"two different joint runs of {j.method.name} seed {j.seed} are "
+                            "references of the same runs; name one of them")
+        same[j.seed] = j  # the same run found twice counts once
     if not same:
         return None
     stream = [i for i, c in enumerate(run.columns) if c.kind == "stream"]
     scores = [[None if j.matrix[-1][i] is None else j.matrix[-1][i].score for i in stream]
-              for j in same]
+              for j in same.values()]
     return [float("nan") if any(s[k] is None for s in scores) else
-            sum(s[k] for s in scores) / len(scores) for k in range(len(stream))], len(same)
+            sum(s[k] for s in scores) / len(scores)  # type: ignore[misc]
+            for k in range(len(stream))], len(same)
+
+
+def _setting(r: RunResult) -> tuple[str, str, str, str]:
+    """What a joint run must share with the runs it is the reference of: suite content, method,
+    method setting and model, as read now (fields added since at what the run did)."""
+    from clbench.comparison import suite_hash_as_read
+    from clbench.models import absolute_model_name
+    from clbench.rundir import method_config_as_read
+    from clbench.specs import ModelSpec
+
+    model: Any = r.model.spec
+    try:
+        spec = ModelSpec.model_validate(model)
+        model = spec.model_copy(update={"name": absolute_model_name(spec.name)}).model_dump()
+    except ValueError:  # no longer a valid spec: as recorded
+        pass
+    config = method_config_as_read(r.method.name, r.method.config)
+    return (suite_hash_as_read(r), r.method.name, json.dumps(config, sort_keys=True, default=str),
+            json.dumps(model, sort_keys=True, default=str))
 
 
 def add_intransigence(found: Sequence[tuple[Any, RunResult]]) -> None:

@@ -258,8 +258,10 @@ def _finite_or_none(value: Any) -> Any:
 
 
 def write_results(path: str | os.PathLike[str], result: RunResult) -> Path:
-    """Stamp `updated` and write `result` atomically (non-finite floats become null)."""
-    result.updated = _now()
+    """Stamp `updated` and the schema version this code writes (a resumed run's older document
+    gains this version's fields), and write `result` atomically (non-finite floats become
+    null)."""
+    result.updated, result.schema_version = _now(), RESULTS_SCHEMA_VERSION
     return atomic_write_json(path, _finite_or_none(result.model_dump(mode="json")))
 
 

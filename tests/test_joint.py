@@ -46,6 +46,8 @@ def test_mixed_items_keep_their_task_for_grading_and_answers() -> None:
         assert task.grade(example, example.reference).correct
         own = [math, science][example.metadata[PART_KEY]]
         assert task.answer_start_for(example)(text) == own.answer_start(text)
+    with pytest.raises(TypeError, match="answer_start_for"):  # no one answer format: refused
+        task.answer_start(text)
 
 
 def test_a_joint_run_is_the_reference_of_report_intransigence(tmp_path: Path) -> None:
@@ -95,6 +97,20 @@ def test_a_joint_run_is_the_reference_of_report_intransigence(tmp_path: Path) ->
     (joint_entry,) = [r for r in data["runs"] if r["dir"].endswith("echo-joint/s0")]
     assert joint_entry["joint"] is True
 
+    # a second joint seed: a* is the mean over both; the same run named twice counts once
+    assert run_cli([*common, "--joint", "--seed", "1", "--out",
+                    str(runs / "echo-joint" / "s1")]).exit_code == 0
+    joints = [read_results(runs / "echo-joint" / f"s{s}" / "results.json") for s in (0, 1)]
+    a_star = [(joints[0].matrix[1][k].score + joints[1].matrix[1][k].score) / 2 for k in (0, 1)]
+    found = collect_results([runs, runs / "echo-joint" / "s0"])
+    add_intransigence(found)
+    for _, r in found:
+        if not r.joint:
+            R = r.score_matrix()
+            assert r.metrics["intransigence"].per_stage == pytest.approx(
+                [a_star[0] - R[1][0], a_star[1] - R[2][1]])
+            assert r.metrics["intransigence"].variant == "joint reference (n=2)"
+
     # a joint run of another method setting is not a reference
     other = run_cli([*common, "--joint", "--set", "method.lr=0.5", "--out",
                      str(tmp_path / "other" / "s0")])
@@ -103,6 +119,21 @@ def test_a_joint_run_is_the_reference_of_report_intransigence(tmp_path: Path) ->
     add_intransigence(found)
     assert all(r.metrics.get("intransigence") is None or r.metrics["intransigence"].value is None
                for _, r in found)
+
+
+@pytest.mark.parametrize("method", ["grpo", "sdpo"])
+def test_on_policy_methods_train_a_joint_stage(tmp_path: Path, method: str) -> None:
+    """Rollouts of mixed items are graded by their own tasks, and SDPO finds each answer with
+    its own task (the mixture itself refuses to)."""
+    out = tmp_path / "r"
+    res = run_cli(["run", "--suite", "smoke", "--method", method, "--joint", "--device", "cpu",
+                   "--no-base-cache", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    result = read_results(out / "results.json")
+    assert result.joint and result.status == "complete" and len(result.matrix) == 2
+    steps = json.loads((out / "stages" / "stage1.json").read_text())["steps"]
+    assert len(steps) == 4 and all("reward_mean" in s for s in steps)
+    assert result.stages[0].counters["rollouts"] == 4 * 2 * 2  # 4 steps x 2 prompts x 2 samples
 
 
 def test_a_joint_run_needs_stages_that_share_a_budget(tmp_path: Path) -> None:

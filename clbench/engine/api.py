@@ -81,7 +81,7 @@ class StageContext:
 
     model: PreTrainedModel                 # the student, trained in place
     tokenizer: PreTrainedTokenizerBase
-    task: TaskSource                       # grader and answer/CoT split of the stage's task
+    task: TaskSource                       # grader and answer/CoT split (`answer_start_for`)
     train_examples: list[Example]          # the stage's training items, in data order
     budget: Budget
     stage_index: int                       # 1-based position in the stream

@@ -7,9 +7,9 @@ covers a character span of ``text`` ending at ``end_i``: the length of the text 
 prefix ``y_1..y_i`` (made non-decreasing, see :func:`token_char_ends`). Special tokens such as
 EOS decode to nothing, so their span is empty and ends where the previous token ended.
 
-The task says where the answer starts: ``a = task.answer_start(text)``, a character offset
-(default: after the last ``</think>``, else the start of the last non-empty line; tasks override
-it, e.g. tool use starts the answer at ``Action:``).
+The task says where the answer starts: ``a = task.answer_start_for(example)(text)``, a character
+offset (default: after the last ``</think>``, else the start of the last non-empty line; tasks
+override it, e.g. tool use starts the answer at ``Action:``).
 
 - ``answer`` supervision: token ``i`` is supervised iff ``end_i > a``: every token that contains
   at least one character of the answer, including a token that straddles the boundary (e.g.
