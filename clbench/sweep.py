@@ -22,6 +22,7 @@ from rich.markup import escape
 from clbench import registry
 from clbench.comparison import comparison, comparison_groups, cost_comparison, print_comparison
 from clbench.errors import UserError
+from clbench.joint import add_intransigence
 from clbench.protocol import RunInterrupted, check_lm_eval_probes, execute
 from clbench.reporting import collect_results
 from clbench.results import RESULTS_FILENAME
@@ -33,10 +34,12 @@ from clbench.sweep_children import (Child, ChildLauncher, report_failures, run_a
 def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
           overrides: Sequence[str] = (), model: str | None = None, device: str = "auto",
           reuse_base_row: bool = True, jobs: int = 1, checkpoint_minutes: float = 15.0,
-          console: Console | None = None) -> dict[str, Any]:
-    """Run methods x seeds into `out_root/<method>/s<seed>`: complete runs are skipped, partial
-    ones resumed; `jobs` > 1 runs up to that many at once as child processes. Ends with the
-    comparison table over seeds (returned as data).
+          joint: bool = False, console: Console | None = None) -> dict[str, Any]:
+    """Run methods x seeds into `out_root/<method>/s<seed>` (`joint`: their joint references,
+    into `out_root/<method>-joint/s<seed>`): complete runs are skipped, partial ones resumed;
+    `jobs` > 1 runs up to that many at once as child processes. Ends with the comparison table
+    over seeds (returned as data) of the stage-by-stage runs of these methods and seeds, with
+    their intransigence where their joint references are there too.
 
     Raises :class:`UserError` naming the runs that failed or were stopped from outside the
     sweep (after the comparison), :class:`RunInterrupted` on Ctrl-C or SIGTERM.
@@ -54,9 +57,11 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     out_root = Path(out_root)
     # The whole grid is validated before anything trains. Each pair once: two children of the
     # same pair would write into the same run directory.
-    runs = [build_run_spec(suite_ref, m, seed=s, out_dir=out_root / m / f"s{s}",
+    suffix = "-joint" if joint else ""
+    runs = [build_run_spec(suite_ref, m, seed=s, out_dir=out_root / f"{m}{suffix}" / f"s{s}",
                            overrides=overrides, model=model, device=device,
-                           reuse_base_row=reuse_base_row, checkpoint_minutes=checkpoint_minutes)
+                           reuse_base_row=reuse_base_row, checkpoint_minutes=checkpoint_minutes,
+                           joint=joint)
             for m in dict.fromkeys(methods) for s in dict.fromkeys(seeds)]
     pending = []
     for run in runs:
@@ -74,8 +79,12 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
         launch = ChildLauncher(out_root, overrides, model, device, reuse_base_row,
                                threads=threads_per_child(device, min(jobs, len(pending))))
         incomplete = run_as_children(pending, launch, jobs, console)
-    dirs = [Path(r.out_dir) for r in runs if (Path(r.out_dir) / RESULTS_FILENAME).is_file()]
+    # each run and its counterpart (the stage-by-stage run of a joint one, and the other way)
+    dirs = [d for m in dict.fromkeys(methods) for s in dict.fromkeys(seeds)
+            for d in (out_root / m / f"s{s}", out_root / f"{m}-joint" / f"s{s}")
+            if (d / RESULTS_FILENAME).is_file()]
     found = collect_results(dirs)
+    add_intransigence(found)
     groups = comparison_groups(found)
     data = comparison(groups)
     print_comparison(console, data, cost_comparison(groups))

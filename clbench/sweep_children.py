@@ -54,6 +54,11 @@ LOG_TAIL_LINES = 12
 
 
 
+def stage_count(run: RunSpec) -> int:
+    """Stages the run trains (a joint run: one)."""
+    return 1 if getattr(run, "joint", False) else len(run.suite.stages)
+
+
 @dataclass
 class ChildLauncher:
     """How a child process of the sweep is started: its command, environment and log file."""
@@ -78,6 +83,8 @@ class ChildLauncher:
         if not self.reuse_base_row:
             command.append("--no-base-cache")
         command += ["--checkpoint-minutes", repr(run.checkpoint_minutes)]
+        if run.joint:
+            command.append("--joint")
         return command
 
     def environment(self) -> dict[str, str]:
@@ -90,7 +97,8 @@ class ChildLauncher:
         return env
 
     def log_path(self, run: RunSpec) -> Path:
-        return self.out_root / "logs" / f"{run.method.name}-s{run.seed}.log"
+        joint = "-joint" if run.joint else ""
+        return self.out_root / "logs" / f"{run.method.name}{joint}-s{run.seed}.log"
 
     def start(self, run: RunSpec) -> subprocess.Popen[bytes]:
         command, log_path = self.command(run), self.log_path(run)
@@ -178,7 +186,7 @@ class Child:
     def stages_done(self) -> str:
         """`done/T`, `-/T` before row 0 exists."""
         rows = self.rows_done()
-        return f"{'-' if not rows else rows - 1}/{len(self.run.suite.stages)}"
+        return f"{'-' if not rows else rows - 1}/{stage_count(self.run)}"
 
     def elapsed(self) -> str:
         if self.started is None:
@@ -245,7 +253,7 @@ def stage_news(children: Sequence[Child], said: dict[int, int]) -> list[str]:
         if rows <= before:
             continue
         said[i] = rows
-        total = len(child.run.suite.stages)
+        total = stage_count(child.run)
         what = "row 0 (base model) ready" if rows == 1 else f"stage {rows - 1}/{total} done"
         lines.append(f"{child.name}: {what}, {child.elapsed()} since it started")
     return lines

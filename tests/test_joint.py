@@ -146,3 +146,24 @@ def test_a_joint_run_needs_stages_that_share_a_budget(tmp_path: Path) -> None:
         "stages must agree on `budget.prompts_per_step` (low: 2, high: 4)" in \
         " ".join(res.output.split())
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_of_joint_references_gives_the_grid_its_intransigence(tmp_path: Path) -> None:
+    root = tmp_path / "grid"
+    common = ["sweep", "--suite", "smoke", "--methods", "sft", "--seeds", "0", "--device", "cpu",
+              "--out", str(root)]
+    res = run_cli(common)
+    assert res.exit_code == 0, res.output
+    assert "intransig" not in res.output.split("mean ± std")[-1]  # no reference yet
+    from rich.console import Console
+
+    from clbench.sweep import sweep
+
+    # as a child process (--jobs 2): `--joint` reaches it
+    data = sweep("smoke", ["sft"], [0], root, device="cpu", jobs=2, joint=True,
+                 console=Console(record=True, width=250))
+    joint = read_results(root / "sft-joint" / "s0" / "results.json")
+    assert joint.joint and joint.status == "complete"
+    assert (root / "logs" / "sft-joint-s0.log").is_file()
+    (suite_rows,) = data.values()  # the stage-by-stage run, with its reference
+    assert list(suite_rows) == ["sft"] and suite_rows["sft"]["intransigence"]["n"] == 1

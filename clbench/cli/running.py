@@ -107,9 +107,14 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
               help="Runs at once, each a `clbench run` process logging to <out>/logs/ (1: one "
                    "after another in this process). On the CPU each gets an equal share of the "
                    "cores unless OMP_NUM_THREADS is set.")
+@click.option("--joint", is_flag=True,
+              help="Run the methods' joint references (`clbench run --joint`) into "
+                   "<out>/<method>-joint/s<seed>; the comparison then gives the stage-by-stage "
+                   "runs beside them their intransigence.")
 def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
                   sets: tuple[str, ...], model_name: str | None, device: str,
-                  no_base_cache: bool, checkpoint_minutes: float, jobs: int) -> None:
+                  no_base_cache: bool, checkpoint_minutes: float, jobs: int,
+                  joint: bool) -> None:
     """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
 
     Ends with a comparison table: mean ± std over seeds per method (n = seeds). A run that
@@ -121,6 +126,7 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
     Example:
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1,2 --out runs/starter
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --device cuda --jobs 6
+      clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --joint
     """
     from clbench import sweep
     from clbench.suites import load_suite, resolve_suite
@@ -140,7 +146,7 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
     sweep.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
                 model=model_name, device=device, reuse_base_row=not no_base_cache, jobs=jobs,
-                checkpoint_minutes=checkpoint_minutes, console=stdout_console())
+                checkpoint_minutes=checkpoint_minutes, joint=joint, console=stdout_console())
 
 
 @cli.command("report")
