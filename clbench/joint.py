@@ -42,8 +42,8 @@ class MixedTasks(TaskSource):
         self.parts = list(parts)
 
     def build(self, split: Split, seed: int, size: int) -> list[Example]:
-        raise NotImplementedError("the joint task's items are the stages' own "
-                                  "(clbench.joint.mixed_train_set)")
+        raise TypeError("the joint task draws no items: they are the stages' own "
+                        "(clbench.joint.mixed_train_set)")
 
     def _part(self, example: Example) -> TaskSource:
         return self.parts[int(example.metadata[PART_KEY])]

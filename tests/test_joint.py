@@ -48,6 +48,8 @@ def test_mixed_items_keep_their_task_for_grading_and_answers() -> None:
         assert task.answer_start_for(example)(text) == own.answer_start(text)
     with pytest.raises(TypeError, match="answer_start_for"):  # no one answer format: refused
         task.answer_start(text)
+    with pytest.raises(TypeError, match="the stages' own"):  # nor items of its own
+        task.examples("train", 0, 4)
 
 
 def test_a_joint_run_is_the_reference_of_report_intransigence(tmp_path: Path) -> None:
