@@ -96,16 +96,9 @@ def _setting(r: RunResult) -> tuple[str, str, str, str]:
     """What a joint run must share with the runs it is the reference of: suite content, method,
     method setting and model, as read now (fields added since at what the run did)."""
     from clbench.comparison import suite_hash_as_read
-    from clbench.models import absolute_model_name
-    from clbench.rundir import method_config_as_read
-    from clbench.specs import ModelSpec
+    from clbench.rundir import method_config_as_read, model_as_read
 
-    model: Any = r.model.spec
-    try:
-        spec = ModelSpec.model_validate(model)
-        model = spec.model_copy(update={"name": absolute_model_name(spec.name)}).model_dump()
-    except ValueError:  # no longer a valid spec: as recorded
-        pass
+    model = model_as_read(r.model.spec)
     config = method_config_as_read(r.method.name, r.method.config)
     return (suite_hash_as_read(r), r.method.name, json.dumps(config, sort_keys=True, default=str),
             json.dumps(model, sort_keys=True, default=str))

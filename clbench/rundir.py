@@ -84,15 +84,25 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None,
             out["suite_hash"] = spec.content_hash()
         except ValidationError:
             out["suite_spec"] = suite
-    with contextlib.suppress(ValidationError):  # kept as written (see above)
-        model = ModelSpec.model_validate(identity.get("model"))
-        # runs recorded a local folder as given, relative to where they ran, before it was
-        # recorded absolute: read it from here, as resuming from there always did
-        model.name = absolute_model_name(model.name)
-        out["model"] = model.model_dump(mode="json")
+    out["model"] = model_as_read(identity.get("model"))
     out["method_config"] = method_config_as_read(identity.get("method", ""),
                                                  identity.get("method_config"), stored)
     return out
+
+
+def model_as_read(spec: Any) -> Any:
+    """A recorded model spec as the current schema reads it (fields added since at their
+    defaults). Runs recorded a local folder as given, relative to where they ran, before it was
+    recorded absolute: it is read from here, as resuming from there always did. As written when
+    it no longer validates."""
+    from pydantic import ValidationError
+
+    try:
+        model = ModelSpec.model_validate(spec)
+    except ValidationError:
+        return spec
+    model.name = absolute_model_name(model.name)
+    return model.model_dump(mode="json")
 
 
 def method_config_as_read(name: str, config: Any, stored: bool = True) -> Any:
