@@ -3,8 +3,8 @@
 Intransigence (Chaudhry et al. 2018) asks how much worse a continual learner does on task k right
 after learning it than a model trained on all tasks jointly: I_k = a*_k - R[k][k]. A joint run
 (`clbench run --joint`) gives a*: it trains one stage, `joint`, on the union of the stages'
-training items in a seeded mixed order, with the stages' steps summed
-(:func:`clbench.specs.joint_stage`), and evaluates the suite's usual columns once. Its R has two
+training items in a seeded mixed order, with the stages' steps summed and each item's rollouts
+under its own stage's token cap (:func:`clbench.specs.joint_stage`), and evaluates the suite's usual columns once. Its R has two
 rows, base and joint; continual metrics do not apply to it.
 
 `clbench report` pairs each run with the joint runs of the same suite content and method setting
@@ -30,16 +30,20 @@ PART_KEY = "joint_part"  # an example's task in the mixture, in its metadata
 
 class MixedTasks(TaskSource):
     """The stages' tasks as one training task: each example is graded (and its answer found)
-    by the task it comes from. Its items are the stages' own (:func:`mixed_train_set`); it
-    draws none itself."""
+    by the task it comes from, and its rollouts keep its stage's token cap. Its items are the
+    stages' own (:func:`mixed_train_set`); it draws none itself."""
 
     name = "joint"
     description = "Every stream task at once (the joint reference's training task)."
     domain = "mixed"
 
-    def __init__(self, parts: Sequence[TaskSource]) -> None:
+    def __init__(self, parts: Sequence[TaskSource],
+                 max_new_tokens: Sequence[int] | None = None) -> None:
         super().__init__()
         self.parts = list(parts)
+        self.caps = None if max_new_tokens is None else list(max_new_tokens)
+        if self.caps is not None and len(self.caps) != len(self.parts):
+            raise ValueError(f"{len(self.caps)} token caps for {len(self.parts)} tasks")
 
     def build(self, split: Split, seed: int, size: int) -> list[Example]:
         raise TypeError("the joint task draws no items: they are the stages' own "
@@ -53,6 +57,9 @@ class MixedTasks(TaskSource):
 
     def answer_start_for(self, example: Example) -> Callable[[str], int]:
         return self._part(example).answer_start_for(example)
+
+    def max_new_tokens_for(self, example: Example) -> int | None:
+        return None if self.caps is None else self.caps[int(example.metadata[PART_KEY])]
 
     def answer_start(self, completion: str) -> int:
         raise TypeError("the joint run's task mixes tasks, each with its own answer format: a "

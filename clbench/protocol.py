@@ -255,7 +255,9 @@ def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
     if run.joint:  # one stage over every stage's items
         seeds = [s.task.seed for s in run.suite.stages]
         mixed = mixed_train_set(train_sets, seeds)  # type: ignore[arg-type]
-        return _Items(plans, [MixedTasks(stage_tasks)], [mixed if first_stage <= 1 else None])
+        caps = [s.budget.max_new_tokens for s in run.suite.stages]
+        return _Items(plans, [MixedTasks(stage_tasks, caps)],
+                      [mixed if first_stage <= 1 else None])
     return _Items(plans, stage_tasks, train_sets)
 
 

@@ -281,7 +281,8 @@ JOINT_SHARED_BUDGET = ("prompts_per_step", "samples_per_prompt", "temperature", 
 
 def joint_stage(stages: list[StageSpec]) -> StageSpec:
     """The one stage of a joint run: every stage's task (training items mixed), their steps
-    summed, the longest `max_new_tokens`. The rest of the budget must agree across the stages
+    summed, the longest `max_new_tokens` (each item's rollouts keep its own stage's cap:
+    :class:`clbench.joint.MixedTasks`). The rest of the budget must agree across the stages
     (ValueError naming the field otherwise)."""
     budgets = [s.budget for s in stages]
     for name in JOINT_SHARED_BUDGET:

@@ -52,6 +52,33 @@ def test_mixed_items_keep_their_task_for_grading_and_answers() -> None:
         task.examples("train", 0, 4)
 
 
+def test_rollouts_of_mixed_items_keep_their_own_stage_token_cap(tmp_path: Path) -> None:
+    """The joint stage's budget has the longest cap; each item is still sampled under its own
+    stage's, so the joint model gets no more tokens per item than the continual runs."""
+    from toy import LowercaseTask, RowNLL, one_thread, tiny, toy_context
+
+    from clbench.engine.onpolicy import OnPolicyTrainer
+    from clbench.engine.optim import OptimizerSettings
+
+    short, long = LowercaseTask({"k": 2}), LowercaseTask({"k": 8})
+    mixed = mixed_train_set([short.examples("train", 1, 8), long.examples("train", 2, 8)], [1, 2])
+    task = MixedTasks([short, long], max_new_tokens=[2, 8])
+    assert [task.max_new_tokens_for(e) for e in mixed] == [
+        [2, 8][e.metadata[PART_KEY]] for e in mixed]
+    assert MixedTasks([short, long]).max_new_tokens_for(mixed[0]) is None  # the stage's cap
+    model, tok = tiny(seed=0)
+    ctx = toy_context(model, tok, tmp_path, steps=1, prompts_per_step=8, samples_per_prompt=2,
+                      max_new_tokens=8)
+    ctx.task, ctx.train_examples = task, mixed
+    trainer = OnPolicyTrainer(ctx, RowNLL(lambda e: True), OptimizerSettings(lr=1e-3))
+    with one_thread():
+        batch, _ = trainer.collect(0)
+    lengths: dict[int, set[int]] = {0: set(), 1: set()}
+    for i, rollout in enumerate(batch.rollouts):
+        lengths[batch.example_of(i).metadata[PART_KEY]].add(len(rollout.completion_ids))
+    assert (max(lengths[0]), max(lengths[1])) == (2, 8)  # each reaches its own cap, no more
+
+
 def test_a_joint_run_is_the_reference_of_report_intransigence(tmp_path: Path) -> None:
     suite = write_suite(tmp_path)  # 8 steps a stage: the echo method learns each digit
     common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu"]

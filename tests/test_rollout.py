@@ -128,3 +128,24 @@ def test_sampling_params_validate_and_follow_budgets():
         SamplingParams(top_p=0.0)
     with pytest.raises(ValueError, match="stop strings"):
         SamplingParams(stop=("",))
+    with pytest.raises(ValueError, match=r"each prompt's max_new_tokens must lie in \[1, 8\]"):
+        SamplingParams(max_new_tokens=8, prompt_max_new_tokens=(3, 9))
+
+
+def test_a_prompt_cap_gives_the_first_tokens_of_an_uncapped_rollout(model_and_tokenizer):
+    """Per-prompt caps (the joint reference's items keep their stage's cap): each row stops at
+    its own cap, and what it holds is exactly the start of what the same seed and batch give
+    without the cap, marked unfinished when the cap cut it."""
+    model, tok = model_and_tokenizer
+    gen = HFGenerator(model, tok, batch_size=6)
+    uncapped = gen.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=10, seed=3))
+    capped = gen.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=10, seed=3,
+                                                  prompt_max_new_tokens=(3, 10, 6)))
+    assert [len(r.completion_ids) for r in uncapped] == [10] * 6  # no EOS from this model
+    assert [len(r.completion_ids) for r in capped] == [3, 3, 10, 10, 6, 6]
+    for full, cut in zip(uncapped, capped):
+        assert cut.completion_ids == full.completion_ids[:len(cut.completion_ids)]
+        assert not cut.finished
+        assert cut.text == tok.decode(cut.completion_ids, skip_special_tokens=True)
+    with pytest.raises(ValueError, match="2 prompt caps for 3 prompts"):
+        gen.generate(PROMPTS, SamplingParams(max_new_tokens=10, prompt_max_new_tokens=(3, 4)))

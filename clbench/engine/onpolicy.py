@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -260,6 +260,11 @@ class OnPolicyTrainer:
                                  stage=ctx.stage_name)
         params = SamplingParams.from_budget(budget, seed=_mix(ctx.seed, step, dist.process_index),
                                             stop=self.stop)
+        caps = [ctx.task.max_new_tokens_for(e) for e in examples]
+        if any(c is not None for c in caps):  # items under a tighter cap than the stage's
+            params = replace(params, prompt_max_new_tokens=tuple(
+                budget.max_new_tokens if c is None else min(c, budget.max_new_tokens)
+                for c in caps))
         with self.clock.phase("generate"):
             rollouts = self.generator.generate([e.messages for e in examples], params)
         with self.clock.phase("grade"):

@@ -11,7 +11,9 @@ Conventions every backend keeps:
   stopping); the text never contains it;
 - stop strings: the text is cut right before the earliest stop string; the ids keep every token up
   to and including the one that completed the stop string; `finished` is then True;
-- `finished` is False only when `max_new_tokens` ran out first;
+- `finished` is False only when the token cap ran out first: `max_new_tokens`, or a prompt's
+  own cap in `prompt_max_new_tokens` (a row stops at its cap; generating further and cutting
+  would give the same first tokens, so a prompt's cap is exact whatever else is in its batch);
 - temperature 0 means greedy; otherwise pure sampling at that temperature with nucleus `top_p`
   (no top-k, no repetition penalty: the log-probs the methods compute must describe the sampler);
 - the same `seed`, inputs, batch size and device give the same samples.
@@ -34,7 +36,12 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample: samples per prompt, temperature (0 = greedy), nucleus, length, stops, seed."""
+    """How to sample: samples per prompt, temperature (0 = greedy), nucleus, length, stops, seed.
+
+    `prompt_max_new_tokens`, when given, holds one cap per prompt (each at most
+    `max_new_tokens`): the joint reference trains items of several stages at once, each under
+    its own stage's cap.
+    """
 
     n: int = 1
     temperature: float = 1.0
@@ -42,6 +49,7 @@ class SamplingParams:
     max_new_tokens: int = 64
     stop: tuple[str, ...] = ()
     seed: int = 0
+    prompt_max_new_tokens: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -54,6 +62,16 @@ class SamplingParams:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.prompt_max_new_tokens is not None and any(
+                not 1 <= c <= self.max_new_tokens for c in self.prompt_max_new_tokens):
+            raise ValueError(f"each prompt's max_new_tokens must lie in [1, "
+                             f"{self.max_new_tokens}], got {list(self.prompt_max_new_tokens)}")
+
+    def cap_of(self, prompt_index: int) -> int:
+        """The token cap of one prompt's rollouts."""
+        if self.prompt_max_new_tokens is None:
+            return self.max_new_tokens
+        return self.prompt_max_new_tokens[prompt_index]
 
     @property
     def greedy(self) -> bool:
@@ -112,7 +130,8 @@ class Generator(ABC):
     @abstractmethod
     def generate_from_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams
                           ) -> list[Rollout]:
-        """`params.n` rollouts per already-encoded prompt, prompt-major."""
+        """`params.n` rollouts per already-encoded prompt, prompt-major; a backend honours
+        each prompt's cap (:meth:`SamplingParams.cap_of`)."""
 
 
 class HFGenerator(Generator):
@@ -142,6 +161,9 @@ class HFGenerator(Generator):
                           ) -> list[Rollout]:
         import torch
 
+        caps = params.prompt_max_new_tokens
+        if caps is not None and len(caps) != len(prompt_ids):
+            raise ValueError(f"{len(caps)} prompt caps for {len(prompt_ids)} prompts")
         rows = [(p, s) for p in range(len(prompt_ids)) for s in range(params.n)]
         eos_ids = self.eos_token_ids()
         out: list[Rollout] = []
@@ -151,13 +173,14 @@ class HFGenerator(Generator):
             for batch_no, start in enumerate(range(0, len(rows), self.batch_size)):
                 chunk = rows[start:start + self.batch_size]
                 sequences = [list(prompt_ids[p]) for p, _ in chunk]
+                row_caps = [params.cap_of(p) for p, _ in chunk]
                 with torch.random.fork_rng(devices=self._rng_devices()):
                     # One seed per batch, so a batch's samples do not depend on earlier batches.
                     torch.manual_seed(_batch_seed(params.seed, batch_no))
-                    generated = self._generate_batch(sequences, params, eos_ids)
-                for (p, s), ids in zip(chunk, generated):
+                    generated = self._generate_batch(sequences, params, eos_ids, row_caps)
+                for (p, s), ids, cap in zip(chunk, generated, row_caps):
                     completion, text, finished = finish_completion(
-                        ids, self.tokenizer, eos_ids, params.stop)
+                        ids[:cap], self.tokenizer, eos_ids, params.stop)
                     out.append(Rollout(p, s, list(prompt_ids[p]), completion, text, finished))
         finally:
             self.model.train(was_training)
@@ -168,8 +191,9 @@ class HFGenerator(Generator):
         return [device] if device.type == "cuda" else []
 
     def _generate_batch(self, sequences: list[list[int]], params: SamplingParams,
-                        eos_ids: set[int]) -> list[list[int]]:
-        """Raw generated ids per row (may run past EOS into padding; trimmed by the caller)."""
+                        eos_ids: set[int], row_caps: list[int]) -> list[list[int]]:
+        """Raw generated ids per row (may run past EOS or the row's cap into padding; trimmed
+        by the caller)."""
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -183,7 +207,7 @@ class HFGenerator(Generator):
         # A fresh config, not the model's: checkpoints ship sampling defaults (top_k=50,
         # repetition penalties) that would make the sampler differ from the scored policy.
         config = GenerationConfig(
-            max_new_tokens=params.max_new_tokens, do_sample=not params.greedy,
+            max_new_tokens=max(row_caps), do_sample=not params.greedy,
             temperature=params.temperature if not params.greedy else None,
             top_p=params.top_p if not params.greedy else None, top_k=0 if not params.greedy
             else None, eos_token_id=sorted(eos_ids) or None, pad_token_id=pad_id,
@@ -191,6 +215,8 @@ class HFGenerator(Generator):
         criteria = StoppingCriteriaList()
         if params.stop:
             criteria.append(StopStringCriteria(self.tokenizer, params.stop, width))
+        if min(row_caps) < max(row_caps):
+            criteria.append(RowCapCriteria(row_caps, width))
         device = self.model.device
         with torch.no_grad():
             result = self.model.generate(input_ids=input_ids.to(device),
@@ -220,6 +246,22 @@ class StopStringCriteria:
                                                      skip_special_tokens=True), self.stop)
                 is not None for row in input_ids.tolist()]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class RowCapCriteria:
+    """Ends each row at its own token cap (the batch runs to the largest; the ids past a row's
+    cap are cut by the caller, this only saves the wasted tokens)."""
+
+    def __init__(self, caps: Sequence[int], prompt_width: int) -> None:
+        self.caps = list(caps)
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids, scores, **kwargs):  # noqa: ANN001, ANN204 - transformers' API
+        import torch
+
+        made = input_ids.shape[1] - self.prompt_width
+        return torch.tensor([made >= c for c in self.caps], dtype=torch.bool,
+                            device=input_ids.device)
 
 
 def _batch_seed(seed: int, batch_no: int) -> int:

@@ -102,6 +102,11 @@ class TaskSource(ABC):
         tasks answers with the task the example comes from)."""
         return self.answer_start
 
+    def max_new_tokens_for(self, example: Example) -> int | None:
+        """A tighter token cap than the stage's for rollouts of `example`, or None (the
+        stage's). The joint reference's mixture gives each item its own stage's cap."""
+        return None
+
 
 def default_answer_start(completion: str) -> int:
     """After the last `</think>`; else the start of the last non-empty line; else 0."""
