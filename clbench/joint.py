@@ -4,8 +4,8 @@ Intransigence (Chaudhry et al. 2018) asks how much worse a continual learner doe
 after learning it than a model trained on all tasks jointly: I_k = a*_k - R[k][k]. A joint run
 (`clbench run --joint`) gives a*: it trains one stage, `joint`, on the union of the stages'
 training items in a seeded mixed order, with the stages' steps summed and each item's rollouts
-under its own stage's token cap (:func:`clbench.specs.joint_stage`), and evaluates the suite's usual columns once. Its R has two
-rows, base and joint; continual metrics do not apply to it.
+under its own stage's token cap (:func:`clbench.specs.joint_stage`), and evaluates the suite's
+usual columns once. Its R has two rows, base and joint; continual metrics do not apply to it.
 
 `clbench report` pairs each run with the joint runs of the same suite content and method setting
 among its inputs: a*_k is their mean score on stream column k (over seeds), and the run's
@@ -75,7 +75,8 @@ def mixed_train_set(train_sets: Sequence[Sequence[Example]], seed: Any) -> list[
     return mixed
 
 
-def joint_reference(run: RunResult, joint_runs: Sequence[RunResult]) -> tuple[list[float], int] | None:
+def joint_reference(run: RunResult, joint_runs: Sequence[RunResult]
+                    ) -> tuple[list[float], int] | None:
     """a*: the mean score on each stream column over the joint runs that are references of
     `run` (complete joint runs of the same suite content, model and method setting, each read
     as the current schemas and the installed method read it), one per seed, and how many there

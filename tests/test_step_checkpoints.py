@@ -232,3 +232,45 @@ def test_a_run_stopped_in_its_first_stage_says_what_row_0_cost(tmp_path: Path) -
     # row 0 took time and memory: the partial results say so (they used to say nothing)
     assert partial.compute.wall_time_s > 0 and partial.compute.device == "cpu"
     assert partial.compute.peak_memory_bytes
+
+
+def test_a_joint_run_stopped_in_its_stage_continues_from_its_last_step(tmp_path: Path) -> None:
+    """The joint reference's one stage (both stages' items mixed, 2 + 4 steps) stops and
+    resumes like any stage, and ends as if never stopped."""
+    name = "test.grpo-stopping"
+    plugins = {"methods": {name: stopping(registry.load_method_class("grpo"))},
+               "tasks": {"toy.lowercase": LowercaseTask}}
+    (tmp_path / "suite.yaml").write_text(SUITE)
+    common = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", name, "--joint",
+              "--seed", "3", "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0"]
+
+    def run(out: Path, *extra: str) -> Any:
+        with registry.extra_plugins(**plugins):
+            return CliRunner().invoke(cli, [*common, "--out", str(out), *extra],
+                                      catch_exceptions=False)
+
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert run(straight).exit_code == 0
+    STOP["at"] = (1, 5)
+    res = run(stopped)
+    assert res.exit_code == 130, res.output
+    said = " ".join(res.output.split())
+    assert "row 0 (the base model) is saved, and stage 1 up to step 4" in said
+    assert [p.name for p in (stopped / "checkpoints").iterdir()] == ["stage1-step4"]
+
+    res = run(stopped, "--resume")
+    assert res.exit_code == 0, res.output
+    assert "stage 1 continues after step 4 of 6" in " ".join(res.output.split())
+    log = (stopped / "run.log").read_text()
+    assert [log.count(f'stage 1 step {{"step": {k},') for k in range(1, 7)] == [1, 1, 1, 1, 2, 1]
+    a, b = read_results(straight / "results.json"), read_results(stopped / "results.json")
+    assert b.joint and b.status == "complete" and len(b.matrix) == 2
+    reports = [json.loads((run / "stages" / "stage1.json").read_text())
+               for run in (straight, stopped)]
+    for report in reports:
+        del report["wall_time"]
+        for step in report["steps"]:
+            del step["seconds"]
+    assert reports[0] == reports[1] and len(reports[0]["steps"]) == 6
+    assert b.score_matrix() == a.score_matrix()
+    assert any(step["grad_norm"] > 0 for step in reports[0]["steps"])
