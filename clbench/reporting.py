@@ -256,7 +256,8 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
     stages = Table(title="stages", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                    collapse_padding=True,
                    caption="train: items; prompts: per step; samples: per prompt; tokens: max "
-                           "new tokens; lr -: the method's", caption_justify="left")
+                           "new tokens" + (" of each stage's items" if run.joint else "")
+                           + "; lr -: the method's", caption_justify="left")
     stages.add_column("stage", no_wrap=True)
     stages.add_column("task", overflow="fold", min_width=12)
     for col in ("train", "steps", "prompts", "samples", "tokens", "temp", "lr"):
@@ -265,9 +266,11 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
         b = stage.budget
         source = " + ".join(s.task.source for s in suite.stages) if run.joint else \
             stage.task.source
+        tokens = "/".join(str(s.budget.max_new_tokens) for s in suite.stages) if run.joint \
+            else str(b.max_new_tokens)  # a joint run's items keep their own stage's cap
         stages.add_row(stage.name, escape(source),
                        str(stage.task.train_size), str(b.steps), str(b.prompts_per_step),
-                       str(b.samples_per_prompt), str(b.max_new_tokens), f"{b.temperature:g}",
+                       str(b.samples_per_prompt), tokens, f"{b.temperature:g}",
                        "-" if b.lr is None else f"{b.lr:g}")
     console.print(stages)
 

@@ -55,7 +55,7 @@ def test_mixed_items_keep_their_task_for_grading_and_answers() -> None:
 def test_rollouts_of_mixed_items_keep_their_own_stage_token_cap(tmp_path: Path) -> None:
     """The joint stage's budget has the longest cap; each item is still sampled under its own
     stage's, so the joint model gets no more tokens per item than the continual runs."""
-    from toy import LowercaseTask, RowNLL, one_thread, tiny, toy_context
+    from toy import FixedGenerator, LowercaseTask, RowNLL, one_thread, tiny, toy_context
 
     from clbench.engine.onpolicy import OnPolicyTrainer
     from clbench.engine.optim import OptimizerSettings
@@ -77,6 +77,11 @@ def test_rollouts_of_mixed_items_keep_their_own_stage_token_cap(tmp_path: Path) 
     for i, rollout in enumerate(batch.rollouts):
         lengths[batch.example_of(i).metadata[PART_KEY]].add(len(rollout.completion_ids))
     assert (max(lengths[0]), max(lengths[1])) == (2, 8)  # each reaches its own cap, no more
+    # a generation backend that ignores the caps is caught, not trained on
+    ignoring = OnPolicyTrainer(ctx, RowNLL(lambda e: True), OptimizerSettings(lr=1e-3),
+                               generator=FixedGenerator(tok))
+    with one_thread(), pytest.raises(RuntimeError, match="for a prompt capped at 2"):
+        ignoring.collect(0)
 
 
 def test_a_joint_run_is_the_reference_of_report_intransigence(tmp_path: Path) -> None:

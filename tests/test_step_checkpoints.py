@@ -235,12 +235,14 @@ def test_a_run_stopped_in_its_first_stage_says_what_row_0_cost(tmp_path: Path) -
 
 
 def test_a_joint_run_stopped_in_its_stage_continues_from_its_last_step(tmp_path: Path) -> None:
-    """The joint reference's one stage (both stages' items mixed, 2 + 4 steps) stops and
-    resumes like any stage, and ends as if never stopped."""
+    """The joint reference's one stage (both stages' items mixed, 2 + 4 steps, each item under
+    its own stage's token cap) stops and resumes like any stage, and ends as if never stopped."""
     name = "test.grpo-stopping"
     plugins = {"methods": {name: stopping(registry.load_method_class("grpo"))},
                "tasks": {"toy.lowercase": LowercaseTask}}
-    (tmp_path / "suite.yaml").write_text(SUITE)
+    first_cap = "max_new_tokens: 8}\n  - name: second"
+    assert first_cap in SUITE
+    (tmp_path / "suite.yaml").write_text(SUITE.replace(first_cap, first_cap.replace("8", "3")))
     common = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", name, "--joint",
               "--seed", "3", "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0"]
 

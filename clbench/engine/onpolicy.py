@@ -2,7 +2,9 @@
 
 One stage = `budget.steps` optimizer steps. Every `inner_updates` steps a fresh batch is built:
 1. pick `prompts_per_step` training items (:func:`clbench.engine.optim.step_examples`);
-2. sample `samples_per_prompt` rollouts of each (:class:`clbench.engine.rollout.Generator`);
+2. sample `samples_per_prompt` rollouts of each (:class:`clbench.engine.rollout.Generator`),
+   each at most `budget.max_new_tokens` long, or its item's tighter cap where the task gives one
+   (:meth:`clbench.tasks.base.TaskSource.max_new_tokens_for`: the joint reference's mixture);
 3. grade every rollout with the stage's task -> reward, correct, feedback;
 4. score: old log-probs (only when several updates reuse a batch; with one update the ratio is
    exactly 1 and the current log-probs, detached, serve) and the objective's `prepare` (GRPO:
@@ -267,6 +269,11 @@ class OnPolicyTrainer:
                 for c in caps))
         with self.clock.phase("generate"):
             rollouts = self.generator.generate([e.messages for e in examples], params)
+        over = [r for r in rollouts if r.num_tokens > params.cap_of(r.prompt_index)]
+        if over:  # a backend that ignores the caps would train on more than the budget allows
+            raise RuntimeError(f"{type(self.generator).__name__} returned a rollout of "
+                               f"{over[0].num_tokens} tokens for a prompt capped at "
+                               f"{params.cap_of(over[0].prompt_index)} (SamplingParams.cap_of)")
         with self.clock.phase("grade"):
             grades = [ctx.task.grade(examples[r.prompt_index], r.text) for r in rollouts]
         device = next(self.model.parameters()).device

@@ -12,8 +12,8 @@ Conventions every backend keeps:
 - stop strings: the text is cut right before the earliest stop string; the ids keep every token up
   to and including the one that completed the stop string; `finished` is then True;
 - `finished` is False only when the token cap ran out first: `max_new_tokens`, or a prompt's
-  own cap in `prompt_max_new_tokens` (a row stops at its cap; generating further and cutting
-  would give the same first tokens, so a prompt's cap is exact whatever else is in its batch);
+  own cap in `prompt_max_new_tokens` (a row holds what the same batch and seed would give it
+  under a uniform cap of that size: the cap cuts a row, it never changes what the row draws);
 - temperature 0 means greedy; otherwise pure sampling at that temperature with nucleus `top_p`
   (no top-k, no repetition penalty: the log-probs the methods compute must describe the sampler);
 - the same `seed`, inputs, batch size and device give the same samples.
@@ -249,8 +249,9 @@ class StopStringCriteria:
 
 
 class RowCapCriteria:
-    """Ends each row at its own token cap (the batch runs to the largest; the ids past a row's
-    cap are cut by the caller, this only saves the wasted tokens)."""
+    """Marks each row done at its own token cap, so the batch ends as soon as every row is
+    done (it runs to the largest cap otherwise); the ids past a row's cap are cut by the
+    caller either way."""
 
     def __init__(self, caps: Sequence[int], prompt_width: int) -> None:
         self.caps = list(caps)
