@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from lm_eval.api.model import LM
 
 from clbench import lmeval, registry
 from clbench.lmeval import check_probe, run_probe
@@ -305,8 +306,30 @@ def test_export_writes_tasks_that_lm_eval_runs_with_our_grader(tmp_path: Path, t
             task_manager=TaskManager(include_path=str(moved), include_defaults=False))
         samples = out["samples"]["clbench_echo_high"]
         ours = [grade_exported_doc(s["doc"], s["filtered_resps"][0])["acc"] for s in samples]
-    assert len(samples) == 3
-    assert out["results"]["clbench_echo_high"]["acc,none"] == pytest.approx(sum(ours) / 3)
+        assert len(samples) == 3
+        assert out["results"]["clbench_echo_high"]["acc,none"] == pytest.approx(sum(ours) / 3)
+        # answers right on even-numbered prompts only: lm-eval's score is our grader's, 2 of 3
+        scripted = simple_evaluate(
+            model=_EvenAnswersRight(), tasks=["clbench_echo_high"], limit=3, log_samples=True,
+            bootstrap_iters=0, task_manager=TaskManager(include_path=str(moved),
+                                                        include_defaults=False))
+    answers = [s["filtered_resps"][0] for s in scripted["samples"]["clbench_echo_high"]]
+    assert sorted(answers) == ["3", "7", "7"]  # prompts #5200, #5201, #5202
+    assert scripted["results"]["clbench_echo_high"]["acc,none"] == pytest.approx(2 / 3)
+
+
+class _EvenAnswersRight(LM):
+    """An lm-eval model that answers the echo task's "7" when the prompt's number is even and
+    "3" otherwise."""
+
+    def generate_until(self, requests, disable_tqdm=False):  # noqa: ANN001, ANN201
+        numbers = [int(re.findall(r"#(\d+)", r.args[0])[-1]) for r in requests]
+        return ["7" if n % 2 == 0 else "3" for n in numbers]
+
+    def loglikelihood(self, requests, disable_tqdm=False):  # noqa: ANN001, ANN201
+        raise NotImplementedError("the exported tasks generate")
+
+    loglikelihood_rolling = loglikelihood
 
 
 def test_export_command(tmp_path: Path) -> None:
