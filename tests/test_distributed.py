@@ -229,10 +229,18 @@ SUPERVISE = {
 }
 
 
+def _assert_the_optimizer_saw_every_weight(*steps: dict[str, Any]) -> None:
+    """Each step's optimizer saw every weight tensor (the hooks that collect the gradients
+    fired), so comparisons over them are not vacuous."""
+    n_weights = len(list(tiny(seed=0)[0].parameters()))
+    assert [len(s["grads"]) for s in steps] == [n_weights] * len(steps)
+
+
 def _assert_same_step(ranks: list[dict[str, Any]], one: dict[str, Any]) -> None:
     """The ranks' gradients averaged (what DDP applies) are the one-process gradients, and the
     ranks' losses averaged (the step record) are the one-process loss."""
     assert sum(r["tokens"] for r in ranks) == one["total"] == one["tokens"]
+    _assert_the_optimizer_saw_every_weight(one, *ranks)
     for i, g in enumerate(one["grads"]):
         parts = [r["grads"][i] for r in ranks]
         assert all(p is not None for p in parts)  # every rank's backward reached every weight
@@ -297,6 +305,7 @@ def test_two_sft_ranks_take_the_one_process_step(tmp_path: Path,
                              FakeRank(base, rank=r, world=2, total=one["tokens"])) for r in (0, 1)]
     assert ranks[0]["tokens"] != ranks[1]["tokens"]  # the test means something
     assert ranks[0]["tokens"] + ranks[1]["tokens"] == one["tokens"]
+    _assert_the_optimizer_saw_every_weight(one, *ranks)
     for i, g in enumerate(one["grads"]):
         torch.testing.assert_close((ranks[0]["grads"][i] + ranks[1]["grads"][i]) / 2, g,
                                    rtol=1e-4, atol=1e-7)
@@ -310,6 +319,7 @@ def test_a_step_without_supervised_tokens_on_any_rank_is_skipped(tmp_path: Path)
         dist = FakeRank(base, rank=world - 1, world=world, total=0) if world > 1 else None
         got = _step_grads(tmp_path / str(world), supervise, dist)
         assert got["total"] == 0 and got["forwards"] == 0 and got["loss"] == 0.0
+        _assert_the_optimizer_saw_every_weight(got)
         assert all(g is None for g in got["grads"]) and got["unchanged"]
 
 
@@ -417,6 +427,7 @@ def test_two_processes_take_the_one_process_step_without_waiting_on_each_other(
         assert [r["total"] for r in ranks] == [one["total"]] * 2
         if case == "none":
             assert [r["forwards"] for r in ranks] == [0, 0]
+            _assert_the_optimizer_saw_every_weight(*ranks)
             assert all(g is None for r in ranks for g in r["grads"])
             assert all(r["unchanged"] for r in ranks)
             continue
@@ -425,6 +436,7 @@ def test_two_processes_take_the_one_process_step_without_waiting_on_each_other(
             assert [r["tokens"] for r in ranks] == [one["tokens"], 0]
         else:
             assert ranks[0]["tokens"] != ranks[1]["tokens"]
+        _assert_the_optimizer_saw_every_weight(one, *ranks)
         for r in ranks:  # after the all-reduce every rank holds the one-process gradients
             for g, expected in zip(r["grads"], one["grads"]):
                 torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-7)

@@ -69,6 +69,9 @@ def test_first_step_loss_is_the_token_mean_of_minus_advantage(tmp_path: Path) ->
     lengths = torch.tensor([len(r.completion_ids) for r in batch.rollouts], dtype=torch.float32)
     # ratio = 1 on the only update, so each token's loss is -A of its rollout.
     expected = float(-(advantages * lengths).sum() / lengths.sum())
+    # advantages sum to 0 in each group: only uneven lengths make the token mean non-zero, so a
+    # zero, sign-flipped or per-rollout mean loss would differ from it
+    assert len(set(lengths.tolist())) > 1 and abs(expected) > 1e-3
     record = trainer.update(batch)
     assert record["loss"] == pytest.approx(expected, abs=1e-6)
     assert record["clip_fraction"] == 0.0

@@ -57,8 +57,9 @@ def test_local_folder_loads_with_the_saved_weights(tmp_path: Path) -> None:
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     again, tok2 = load_model(ModelSpec(name=str(tmp_path), dtype="float32"), device="cpu")
-    for (k, v), (k2, v2) in zip(model.state_dict().items(), again.state_dict().items()):
-        assert k == k2 and torch.equal(v, v2)
+    saved, loaded = model.state_dict(), again.state_dict()
+    assert list(loaded) == list(saved)
+    assert all(torch.equal(saved[k], loaded[k]) for k in saved)
     assert tok2.padding_side == "left"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -212,9 +213,23 @@ def test_kill_mid_write_in_a_subprocess_never_exposes_a_partial_file(tmp_path: P
 def test_versions_and_git_revision(tmp_path: Path) -> None:
     versions = collect_versions()
     assert versions["python"].count(".") == 2
-    rev = git_revision()
-    assert rev is None or (len(rev.split("+")[0]) == 40 and rev.split("+")[1:] in ([], ["dirty"]))
     assert git_revision(tmp_path) is None  # not a checkout
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c",
+                               "user.email=t@t", *args], check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    git("init", "-q")
+    (repo / "f.txt").write_text("one")
+    git("add", "f.txt")
+    git("commit", "-qm", "one")
+    head = git("rev-parse", "HEAD")
+    assert len(head) == 40 and git_revision(repo) == head
+    (repo / "f.txt").write_text("two")  # a local change to a tracked file
+    assert git_revision(repo) == head + "+dirty"
 
 
 def test_atomic_dir_replaces_a_folder_without_deleting_it_first(tmp_path: Path,

@@ -94,8 +94,9 @@ def test_child_command_carries_every_option_of_the_sweep(tmp_path: Path) -> None
 def test_cpu_threads_are_shared_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
     assert threads_per_child("cpu", 2) is None  # OMP_NUM_THREADS=1 is set (autouse fixture)
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert threads_per_child("cpu", 2) == max(1, available_cpus() // 2)
-    assert threads_per_child("cpu", 10 * available_cpus()) == 1
+    assert threads_per_child("cpu", 1) == available_cpus()
+    monkeypatch.setattr(sweep_children, "available_cpus", lambda: 16)
+    assert [threads_per_child("cpu", n) for n in (1, 2, 3, 16, 40)] == [16, 8, 5, 1, 1]
 
 
 def test_jobs_below_one_and_multi_process_launches_are_refused(
