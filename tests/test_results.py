@@ -180,7 +180,6 @@ def test_unserialisable_data_leaves_old_file_intact(tmp_path: Path) -> None:
 
 
 def test_kill_mid_write_in_a_subprocess_never_exposes_a_partial_file(tmp_path: Path) -> None:
-    import subprocess
     import sys
     import time
 
