@@ -3,6 +3,7 @@ correct, and the free-form and multiple-choice grader truth tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from pathlib import Path
@@ -113,12 +114,11 @@ def test_prompt_has_a_worked_example_of_the_same_family() -> None:
     assert ex.messages[-1]["content"].endswith("End with 'Answer: <answer>'.")
 
 
-def _fact(family: str, value: str):
+def _with_answer(family: str, value: str):
+    """An item of `family` whose gold answer is `value` (the grader reads only the answer)."""
     src = Facts({"families": [family]})
-    for ex in src.examples("eval", 0, 20):
-        if ex.answer["value"] == value:
-            return src, ex
-    raise AssertionError(f"no {family} item with answer {value} in the first 20")
+    ex = src.examples("eval", 0, 1)[0]
+    return src, dataclasses.replace(ex, answer={**ex.answer, "value": value})
 
 
 @pytest.mark.parametrize("completion, correct", [
@@ -126,17 +126,14 @@ def _fact(family: str, value: str):
     ("The symbol of sodium is Na.\nAnswer: Na.", True),
     ("<answer>Na</answer>", True),
     ("Answer: NA", False),            # symbols are case-sensitive
-    ("Answer: N", False),
-    ("Answer: Sodium", False),
+    ("Answer: na", False),
+    ("Answer: N", False),             # a prefix of the symbol
+    ("Answer: Nat", False),           # the symbol as a prefix
+    ("Answer: Sodium", False),        # the element's name is not its symbol
+    ("Answer: Ne", False),
 ])
 def test_symbol_grader(completion: str, correct: bool) -> None:
-    src = Facts({"families": ["symbol"]})
-    ex = src.examples("eval", 0, 1)[0]
-    gold = ex.answer["value"]
-    completion = completion.replace("Na", gold).replace("NA", gold.upper() + "X"
-                                                        if gold.upper() == gold else gold.upper())
-    if completion.endswith("Answer: N"):
-        completion = "Answer: " + ("Xx" if gold != "Xx" else "Yy")
+    src, ex = _with_answer("symbol", "Na")
     assert src.grade(ex, completion).correct is correct
 
 
@@ -172,14 +169,16 @@ def test_unit_conversion_is_exact() -> None:
         assert not src.grade(ex, f"Answer: {float(gold) * 1.001 + 0.001}").correct
 
 
-def test_element_names_accept_common_spellings() -> None:
-    src = Facts({"families": ["name"]})
-    items = src.examples("train", 0, 80) + src.examples("eval", 0, 20)
-    aluminium = [e for e in items if e.answer["value"] == "Aluminium"]
-    for ex in aluminium:
-        assert src.grade(ex, "Answer: aluminum").correct
-    ex = items[0]
-    assert src.grade(ex, f"Answer: {ex.answer['value'].upper()}").correct
+@pytest.mark.parametrize("gold, other", [("Aluminium", "aluminum"), ("Caesium", "Cesium"),
+                                         ("Sulfur", "sulphur")])
+def test_element_names_accept_common_spellings(gold: str, other: str) -> None:
+    src, ex = _with_answer("name", gold)
+    for written in (gold, gold.upper(), other):
+        assert src.grade(ex, f"Answer: {written}").correct, written
+    assert not src.grade(ex, "Answer: Selenium").correct
+    # the spellings are of the same element only: another element's alias is no answer
+    _, nickel = _with_answer("name", "Nickel")
+    assert not src.grade(nickel, f"Answer: {other}").correct
 
 
 # ---------------------------------------------------------------------------------------------
