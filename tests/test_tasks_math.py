@@ -92,6 +92,40 @@ def test_linear_equation_answers_solve_the_equation() -> None:
         assert value(left) == value(right)
 
 
+def _story_answer(story: str) -> int:
+    """A word problem's answer read from its sentences alone (an oracle independent of the
+    generator's own arithmetic)."""
+    one_step = [(r"has (\d+) \w+ and buys (\d+) more", lambda a, b: a + b),
+                (r"had (\d+) \w+ and gave (\d+) to a friend", lambda a, b: a - b),
+                (r"Each bag holds (\d+) \w+\. How many \w+ are in (\d+) bags", lambda a, b: a * b),
+                (r"shares (\d+) \w+ equally among (\d+) friends", lambda a, b: a // b)]
+    for pattern, apply in one_step:
+        if found := re.search(pattern, story):
+            return apply(int(found.group(1)), int(found.group(2)))
+    total = int(re.search(r"^\w+ has (\d+) ", story).group(1))
+    for sentence in re.findall(r"Then [^.]*\.", story):
+        n = re.search(r"(\d+)", sentence)
+        if "buys" in sentence or "finds" in sentence:
+            total += int(n.group(1))
+        elif "gives" in sentence:
+            total -= int(n.group(1))
+        else:
+            total *= {"doubles": 2, "triples": 3}[sentence.split()[-1].rstrip(".")]
+    return total
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_word_problem_answers_follow_the_story(steps: int) -> None:
+    items = WordProblems({"steps": steps}).examples("eval", 0, 60)
+    for e in items:
+        story = e.messages[-1]["content"]
+        assert int(e.answer) == _story_answer(story), story
+    forms = ("buys", "gave", "bag", "shares") if steps == 1 else \
+        ("buys", "finds", "gives", "doubles", "triples")
+    seen = {f for e in items for f in forms if f in e.messages[-1]["content"]}
+    assert seen == set(forms)  # every form of story was read
+
+
 def test_too_large_a_request_is_a_clear_user_error() -> None:
     src = Arithmetic({"digits": 1, "operands": 2})
     with pytest.raises(TaskSizeError) as info:
