@@ -64,6 +64,49 @@ def test_every_generated_reference_grades_correct(source: type, params: dict) ->
             assert grade.correct and grade.reward == 1.0, (ex.reference, grade.feedback)
 
 
+def _other_value(value: object, spec: dict, allowed: list) -> object:
+    """A value of the argument's type that the item does not allow: another member of its
+    enum, a changed number, another string."""
+    if isinstance(spec.get("enum"), list):
+        others = [e for e in spec["enum"] if e not in allowed]
+        assert others, f"every value of {spec['enum']} is allowed"  # a grader that cannot fail
+        return others[0]
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 7
+    return f"{value} Smith" if value else "something"
+
+
+@pytest.mark.parametrize("source", [GeneratedTools, GeneratedToolsUnseen])
+def test_every_generated_item_refuses_a_wrong_call_with_the_right_feedback(source: type) -> None:
+    """References grade correct (above); here each item's own call, changed in one place,
+    must grade wrong, told why: another function, an argument left out, a wrong value."""
+    task = source({"conversion_rate": 0.5, "optional_rate": 0.5})
+    for ex in task.examples("eval", 7, 60):
+        call = json.loads(ex.reference)
+        (expected,) = ex.answer["calls"]
+        schema = next(s for s in ex.answer["schemas"] if s["name"] == call["name"])
+        props, required = schema["parameters"]["properties"], schema["parameters"]["required"]
+
+        def grade(changed: dict) -> tuple[bool, str | None]:
+            g = task.grade(ex, json.dumps(changed))
+            return g.correct, g.feedback
+
+        assert grade({**call, "name": "send_fax"}) == (
+            False, f"Called `send_fax` but expected `{call['name']}`.")
+        for name, value in call["arguments"].items():
+            allowed = expected["arguments"][name]
+            other = _other_value(value, props[name], allowed)
+            correct, feedback = grade({**call, "arguments": {**call["arguments"], name: other}})
+            assert not correct and feedback is not None and f"`{name}`" in feedback, feedback
+            assert "has a wrong value" in feedback, feedback  # a valid value, the wrong one
+            if name in required:
+                left_out = {k: v for k, v in call["arguments"].items() if k != name}
+                assert grade({**call, "arguments": left_out}) == (
+                    False, f"Missing required argument `{name}`.")
+
+
 def test_generated_prompt_shape_and_knobs() -> None:
     task = GeneratedTools({"n_functions": 4, "demo_same_function": 0.0})
     for ex in task.examples("eval", 0, 50):

@@ -41,6 +41,9 @@ def grade(completion: str, expected: list | None = None) -> tuple[bool, str | No
      "Called `get_forecast` but expected `get_weather`."),
     ('{"name": "get_weather", "arguments": {"city": "Paris", "unit": "K", "days": 3}}', False,
      "Argument `unit` must be one of ['C', 'F'], got 'K'."),
+    # a value of the enum, but not the one the request asks for
+    ('{"name": "get_weather", "arguments": {"city": "Paris", "unit": "F", "days": 3}}', False,
+     "Argument `unit` has a wrong value: 'F'."),
     ('{"name": "get_weather", "arguments": {"city": "London", "days": 3}}', False,
      "Argument `city` has a wrong value: 'London'."),
     ('{"name": "get_weather", "arguments": {"days": 3}}', False,

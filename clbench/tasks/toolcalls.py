@@ -139,9 +139,10 @@ def compare_call(call: ToolCall, name: str, allowed: dict[str, list[Any]],
         if problem:
             return problem
         if not any(values_equal(value, a) for a in allowed[param]):
-            if isinstance(spec.get("enum"), list):
-                return (f"Argument `{param}` must be one of {_show(spec['enum'], 200)}, "
-                        f"got {_show(value)}.")
+            enum = spec.get("enum")
+            if isinstance(enum, list) and not any(values_equal(value, e) for e in enum):
+                return (f"Argument `{param}` must be one of {_show(enum, 200)}, "
+                        f"got {_show(value)}.")  # one of them, but the wrong one, is below
             return f"Argument `{param}` has a wrong value: {_show(value)}."
     for param, options in allowed.items():
         if param not in args and "" not in options:
