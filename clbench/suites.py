@@ -37,7 +37,6 @@ from clbench.specs import MethodSpec, ModelSpec, RunSpec, SuiteSpec, TaskSpec, j
 
 SUITE_PATH_ENV = "CLBENCH_SUITE_PATH"
 SUITE_SUFFIXES = (".yaml", ".yml")
-_PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 class SuiteNotFoundError(UserError):
@@ -57,8 +56,7 @@ def suite_dirs() -> list[Path]:
     """Folders searched for named suites, in priority order (existing folders only)."""
     dirs = [Path(p).expanduser() for p in os.environ.get(SUITE_PATH_ENV, "").split(os.pathsep)
             if p.strip()]
-    # A source checkout keeps suites beside the package; a wheel ships them inside it.
-    dirs += [_PACKAGE_DIR.parent / "suites", _PACKAGE_DIR / "suites"]
+    dirs.append(_shipped_suites())
     seen: set[Path] = set()
     out: list[Path] = []
     for d in dirs:
@@ -67,6 +65,14 @@ def suite_dirs() -> list[Path]:
             seen.add(key)
             out.append(d)
     return out
+
+
+def _shipped_suites() -> Path:
+    """The folder of the suites clbench ships: `suites/` of a source checkout, installed as the
+    data package `clbench_suites`."""
+    import clbench_suites
+
+    return Path(clbench_suites.__file__).resolve().parent
 
 
 def _named_files() -> dict[str, Path]:

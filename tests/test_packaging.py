@@ -3,6 +3,10 @@ explicit, so a new subpackage left out of it would be missing from an installed 
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 from setuptools.config.pyprojecttoml import read_configuration  # reads TOML on Python 3.10 too
@@ -22,3 +26,35 @@ def test_every_package_is_in_the_wheel() -> None:
             parts = init.parent.relative_to(base).parts
             found.add(".".join((name, *parts)))
     assert found == listed
+
+
+def test_a_wheel_ships_the_named_suites_and_the_task_data(tmp_path: Path) -> None:
+    """Built from a copy of the sources (the checkout stays clean): the suites that `--suite
+    NAME` finds and the offline data of the shipped tasks are in the wheel."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("clbench", "methods", "suites"):
+        shutil.copytree(ROOT / folder, src / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--quiet", "-w", str(tmp_path / "dist"), str(src)], check=True)
+    (wheel,) = (tmp_path / "dist").glob("clbench-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    suites = {f"clbench_suites/{p.name}" for p in (ROOT / "suites").glob("*.yaml")}
+    assert suites and suites <= names, sorted(n for n in names if "suite" in n)
+    data = {"clbench/" + p.relative_to(ROOT / "clbench").as_posix()
+            for p in (ROOT / "clbench" / "data").rglob("*") if p.is_file()
+            and "__pycache__" not in p.parts}
+    assert data and data <= names, sorted(data - names)[:5]
+
+
+def test_named_suites_are_found_where_clbench_suites_is_installed() -> None:
+    import clbench_suites
+
+    from clbench.suites import resolve_suite, suite_dirs
+
+    shipped = Path(clbench_suites.__file__).resolve().parent
+    assert shipped in [d.resolve() for d in suite_dirs()]
+    assert resolve_suite("starter") == shipped / "starter.yaml"
