@@ -51,7 +51,7 @@ from clbench.progress import run_progress
 from clbench.reporting import print_summary
 from clbench.results import (
     RESULTS_FILENAME,
-    Clock,
+    KeptTime,
     MetricValue,
     RunResult,
     StageRecord,
@@ -283,7 +283,6 @@ def make_distributed(run: RunSpec) -> Distributed:
 def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[str, Any],
              previous: RunResult | None, console: Console, dist: Distributed,
              loaded: tuple[Any, Any], items: _Items) -> RunResult:
-    clock = Clock()
     device, main = dist.device, dist.is_main
     model, tokenizer = loaded
     train_model = dist.prepare_student(model)  # once per run: DDP keeps its buffers
@@ -293,6 +292,10 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     # run directory's check made sure they do what the run did)
     result.method.config = method_config
     result.status, result.error = "partial", None  # a failed run that is resumed is partial again
+    clock = KeptTime(run_dir, len(result.matrix), write=main)
+
+    def saved() -> None:
+        clock.saved(len(result.matrix))
     done = max(0, len(result.matrix) - 1)
     trained, resume = _restore(run, run_dir, result, model, method, console)
     result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
@@ -306,7 +309,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
             if not result.matrix:
                 seed_everything(derive_seed(run.seed, 0))
                 result.matrix.append(base_row(run, plans, model, tokenizer, run_dir, progress,
-                                              result, console, dist, stamp))
+                                              result, console, dist, stamp, on_saved=saved))
                 result.row_labels.append("base")
                 account_compute(result, clock.lap(), device)  # a partial run says what it cost
                 if main:
@@ -325,14 +328,15 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                     report = train_stage(run, stage, method, items.stage_tasks[stage - 1],
                                          items.train_sets[stage - 1],  # type: ignore[arg-type]
                                          model, tokenizer, train_model, run_dir, progress, dist,
-                                         resume=resume)
+                                         resume=resume, on_saved=saved)
                     resume = None  # taken: its optimizer state is not kept for later stages
                     if main:
                         keep_trained_stage(run_dir, stage, report, model, method)
+                        saved()
                     dist.wait()
                 seed_everything(derive_seed(run.seed, stage, "eval"))
                 cells = evaluate_row(stage, plans, model, tokenizer, run, run_dir, progress,
-                                     stamp, dist)
+                                     stamp, dist, on_saved=saved)
                 result.stages.append(StageRecord(
                     index=stage, name=spec.name, summary=report.summary(),
                     counters=report.counters, wall_time=report.wall_time,

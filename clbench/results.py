@@ -349,6 +349,48 @@ class Clock:
         elapsed, self.last = now - self.last, now
         return elapsed
 
+    def peek(self) -> float:
+        """Seconds since the last lap, without starting a new one."""
+        return time.monotonic() - self.last
+
+
+#: The run's time since its last row of R was written, as of its last save point.
+KEPT_TIME_FILE = "kept-time.json"
+
+
+class KeptTime:
+    """A run's wall time since its last row of R, kept at every save point (a step checkpoint,
+    a trained stage, a column of the row in progress), so that a run resumed after a stop
+    counts the work the stop did not throw away; the time after the last save point is lost
+    with that work. Written by the main process only."""
+
+    def __init__(self, run_dir: Path, rows: int, write: bool) -> None:
+        self.path = run_dir / KEPT_TIME_FILE
+        self.clock = Clock()
+        self.write = write
+        self.carried = self._kept(rows)  # seconds of earlier sittings, for the row in progress
+
+    def _kept(self, rows: int) -> float:
+        try:
+            kept = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):  # none kept, or unreadable: this sitting counts from now
+            return 0.0
+        if not isinstance(kept, dict) or kept.get("rows") != rows:
+            return 0.0  # kept for a row written since, which counted it
+        seconds = kept.get("seconds")
+        return max(0.0, float(seconds)) if isinstance(seconds, (int, float)) else 0.0
+
+    def saved(self, rows: int) -> None:
+        """A save point: what is saved now survives a stop, and so does its time."""
+        if self.write:
+            atomic_write_json(self.path, {"rows": rows,
+                                          "seconds": self.carried + self.clock.peek()})
+
+    def lap(self) -> float:
+        """The seconds to add to the run's wall time as a row is written."""
+        elapsed, self.carried = self.carried + self.clock.lap(), 0.0
+        return elapsed
+
 
 def peak_memory_kind(device: str) -> str:
     """What `compute.peak_memory_bytes` measures on `device` (see `account_compute`)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +82,8 @@ def evaluation_stamp(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[s
 
 def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
                  run: RunSpec, run_dir: Path, progress: AnyProgress, stamp: str,
-                 dist: Distributed | None = None) -> list[CellResult]:
+                 dist: Distributed | None = None,
+                 on_saved: Callable[[], None] | None = None) -> list[CellResult]:
     """Evaluate every column with the model as it is now; save the items of each cell.
 
     Columns of this row saved under the same `stamp` (:func:`evaluation_stamp`) by an
@@ -90,7 +91,8 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
 
     With several processes each grades a contiguous share of a column's items; the records are
     gathered in item order and every process computes the same cell. lm-eval probes run on the
-    main process (the others wait for its cell). Only the main process writes records.
+    main process (the others wait for its cell). Only the main process writes records;
+    `on_saved` is called after each column is saved (:class:`clbench.results.KeptTime`).
     """
     decoding = run.suite.protocol.decoding
     world = dist.num_processes if dist is not None else 1
@@ -150,6 +152,8 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
             # NaN allowed: an lm-eval score may be one (results.json writes it as null)
             atomic_write_text(_cells_path(run_dir, row), json.dumps(
                 {"stamp": stamp, "cells": summaries}, ensure_ascii=False))
+            if on_saved is not None:
+                on_saved()
         log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
         cells.append(cell)
     return cells
@@ -202,7 +206,8 @@ def forget_saved_cells(run_dir: Path, row: int) -> None:
 
 def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
              run_dir: Path, progress: AnyProgress, result: RunResult, console: Console,
-             dist: Distributed, stamp: str) -> list[Cell | None]:
+             dist: Distributed, stamp: str, on_saved: Callable[[], None] | None = None
+             ) -> list[Cell | None]:
     """Row 0: from the shared cache when an identical row was computed before, else evaluated
     (and cached). The result records which, under `artifacts["base_row"]`.
 
@@ -213,7 +218,7 @@ def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
     """
     def compute() -> list[Cell | None]:
         return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, stamp,
-                                     dist))
+                                     dist, on_saved))
 
     if not run.reuse_base_row:
         return compute()

@@ -38,12 +38,14 @@ log = logging.getLogger("clbench.protocol")
 def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
                 train_examples: list[Example], model: Any, tokenizer: Any, train_model: Any,
                 run_dir: Path, progress: AnyProgress, dist: Distributed,
-                resume: dict[str, Any] | None = None) -> StageReport:
+                resume: dict[str, Any] | None = None,
+                on_saved: Callable[[], None] | None = None) -> StageReport:
     """Train stage `stage` (1-based) with the method, seeded from (run seed, stage); the
     method's report. Each step is logged and advances a progress bar. The method's progress is
     checkpointed every `run.checkpoint_minutes` (:func:`clbench.rundir.save_progress_checkpoint`);
     `resume` is such a checkpoint's progress when the stage continues after a stop (the student
-    and the method's state already restored)."""
+    and the method's state already restored). `on_saved` is called after each such checkpoint
+    (:class:`clbench.results.KeptTime`)."""
     from clbench.engine.api import StageContext
 
     spec = run.training_stages()[stage - 1]
@@ -70,6 +72,8 @@ def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
             saved = {**state(), "counters": summed}
             save_progress_checkpoint(run_dir, stage, step, model, method, saved)
             log.info("stage %d: checkpoint after step %d of %d", stage, step + 1, total)
+            if on_saved is not None:
+                on_saved()
         dist.wait()
         last_saved = time.monotonic()
 

@@ -291,3 +291,32 @@ def test_compute_summary_reads_out_the_cost_of_a_run() -> None:
         "0:04:04 on cuda:0; peak GPU memory allocated 5.7 GiB; 48 optimizer steps; "
         "tokens: 5,407 trained")
     assert compute_summary(SimpleNamespace(compute=Compute())) == "not recorded"
+
+
+def test_kept_time_carries_the_time_of_saved_work_to_the_next_sitting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Time up to a save point survives a stop; time after it is lost with its work; a row
+    written since has counted it."""
+    import clbench.results as results
+
+    now = [100.0]
+    monkeypatch.setattr(results.time, "monotonic", lambda: now[0])
+    first = results.KeptTime(tmp_path, rows=1, write=True)
+    assert first.carried == 0.0
+    now[0] += 10
+    first.saved(1)      # e.g. a step checkpoint
+    now[0] += 5         # work after it, thrown away by the stop
+    second = results.KeptTime(tmp_path, rows=1, write=True)
+    assert second.carried == 10.0
+    now[0] += 3
+    second.saved(1)
+    assert json.loads((tmp_path / results.KEPT_TIME_FILE).read_text()) == {
+        "rows": 1, "seconds": 13.0}
+    now[0] += 4
+    assert second.lap() == 17.0 and second.lap() == 0.0  # row 1 written: counted once
+    assert results.KeptTime(tmp_path, rows=2, write=True).carried == 0.0  # kept for row 1
+    (tmp_path / results.KEPT_TIME_FILE).write_text("[1, 2")
+    assert results.KeptTime(tmp_path, rows=1, write=True).carried == 0.0  # unreadable
+    (tmp_path / results.KEPT_TIME_FILE).unlink()
+    results.KeptTime(tmp_path, rows=1, write=False).saved(1)  # not the main process
+    assert not (tmp_path / results.KEPT_TIME_FILE).exists()

@@ -91,6 +91,10 @@ def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
     assert "row 0 and stage 1 are saved, and stage 2 up to step 2" in " ".join(res.output.split())
     assert sorted(p.name for p in (stopped / "checkpoints").iterdir()) == \
         ["stage1", "stage2-step2"]
+    # the time of the kept steps is kept with them (rows 0 and 1 have counted theirs)
+    kept = json.loads((stopped / "kept-time.json").read_text())
+    assert kept["rows"] == 2 and kept["seconds"] > 0
+    partial = read_results(stopped / "results.json").compute.wall_time_s
 
     res = run(stopped, "--resume")
     assert res.exit_code == 0, res.output
@@ -102,6 +106,7 @@ def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
 
     a, b = read_results(straight / "results.json"), read_results(stopped / "results.json")
     assert b.status == "complete"
+    assert b.compute.wall_time_s >= partial + kept["seconds"]
     def measured(stages: Any) -> list[dict[str, float]]:  # everything but the time taken
         return [{k: v for k, v in s.summary.items() if k != "seconds"} for s in stages]
 
