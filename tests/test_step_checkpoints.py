@@ -5,6 +5,7 @@ bit-identical), without training the steps before the checkpoint again."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,33 @@ def stopping(base: type) -> type:
     return Stopping
 
 
+def stopping_runner(tmp_path: Path, method: str, suite: str, *args: str) -> Callable[..., Any]:
+    """`run(out, *extra)`: `clbench run` of the stopping variant of `method` on `suite` (seed 3,
+    a step checkpoint after every step), in process."""
+    name = f"test.{method}-stopping"
+    plugins = {"methods": {name: stopping(registry.load_method_class(method))},
+               "tasks": {"toy.lowercase": LowercaseTask}}
+    (tmp_path / "suite.yaml").write_text(suite)
+    common = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", name, "--seed", "3",
+              "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0", *args]
+
+    def run(out: Path, *extra: str) -> Any:
+        with registry.extra_plugins(**plugins):
+            return CliRunner().invoke(cli, [*common, "--out", str(out), *extra],
+                                      catch_exceptions=False)
+
+    return run
+
+
+def stage_report_without_times(run_dir: Path, stage: int) -> dict[str, Any]:
+    """`stages/stage{t}.json` (every step's record, counters, extras) less the time taken."""
+    report = json.loads((run_dir / "stages" / f"stage{stage}.json").read_text())
+    del report["wall_time"]
+    for step in report["steps"]:
+        del step["seconds"]
+    return report
+
+
 SUITE = """
 name: lowercase
 description: two stages of a toy task with a learning signal from the first step
@@ -71,18 +99,7 @@ protocol:
 ])
 def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
         tmp_path: Path, method: str, sets: list[str]) -> None:
-    name = f"test.{method}-stopping"
-    plugins = {"methods": {name: stopping(registry.load_method_class(method))},
-               "tasks": {"toy.lowercase": LowercaseTask}}
-    (tmp_path / "suite.yaml").write_text(SUITE)
-    common = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", name, "--seed", "3",
-              "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0", *sets]
-
-    def run(out: Path, *extra: str) -> Any:
-        with registry.extra_plugins(**plugins):
-            return CliRunner().invoke(cli, [*common, "--out", str(out), *extra],
-                                      catch_exceptions=False)
-
+    run = stopping_runner(tmp_path, method, SUITE, *sets)
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert run(straight).exit_code == 0
     STOP["at"] = (2, 3)
@@ -111,12 +128,7 @@ def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
         return [{k: v for k, v in s.summary.items() if k != "seconds"} for s in stages]
 
     assert measured(b.stages) == measured(a.stages)  # same losses, rewards, gradient norms
-    reports = [json.loads((run / "stages" / "stage2.json").read_text())
-               for run in (straight, stopped)]
-    for report in reports:  # every step's record, counters and extras, less the time taken
-        del report["wall_time"]
-        for step in report["steps"]:
-            del step["seconds"]
+    reports = [stage_report_without_times(run, 2) for run in (straight, stopped)]
     assert reports[0] == reports[1]
     assert [s.counters for s in b.stages] == [s.counters for s in a.stages]
     assert b.score_matrix() == a.score_matrix()
@@ -205,12 +217,7 @@ def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
 
     a, b = read_results(straight / "results.json"), read_results(stopped / "results.json")
     assert b.status == "complete" and b.model.resolved["num_processes"] == 2
-    reports = [json.loads((run / "stages" / "stage2.json").read_text())
-               for run in (straight, stopped)]
-    for report in reports:  # every step's record (gathered over the ranks), less the time
-        del report["wall_time"]
-        for step in report["steps"]:
-            del step["seconds"]
+    reports = [stage_report_without_times(run, 2) for run in (straight, stopped)]
     assert reports[0] == reports[1]
     assert any(step["grad_norm"] > 0 for step in reports[0]["steps"])
     assert b.score_matrix() == a.score_matrix()
@@ -221,16 +228,9 @@ def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
 
 
 def test_a_run_stopped_in_its_first_stage_says_what_row_0_cost(tmp_path: Path) -> None:
-    name = "test.sft-stopping"
-    plugins = {"methods": {name: stopping(registry.load_method_class("sft"))},
-               "tasks": {"toy.lowercase": LowercaseTask}}
-    (tmp_path / "suite.yaml").write_text(SUITE)
     out = tmp_path / "r"
     STOP["at"] = (1, 1)
-    with registry.extra_plugins(**plugins):
-        res = CliRunner().invoke(cli, ["run", "--suite", str(tmp_path / "suite.yaml"), "--method",
-                                       name, "--device", "cpu", "--no-base-cache", "--out",
-                                       str(out)], catch_exceptions=False)
+    res = stopping_runner(tmp_path, "sft", SUITE)(out)
     assert res.exit_code == 130, res.output
     partial = read_results(out / "results.json")
     assert len(partial.matrix) == 1 and partial.stages == []
@@ -242,20 +242,10 @@ def test_a_run_stopped_in_its_first_stage_says_what_row_0_cost(tmp_path: Path) -
 def test_a_joint_run_stopped_in_its_stage_continues_from_its_last_step(tmp_path: Path) -> None:
     """The joint reference's one stage (both stages' items mixed, 2 + 4 steps, each item under
     its own stage's token cap) stops and resumes like any stage, and ends as if never stopped."""
-    name = "test.grpo-stopping"
-    plugins = {"methods": {name: stopping(registry.load_method_class("grpo"))},
-               "tasks": {"toy.lowercase": LowercaseTask}}
     first_cap = "max_new_tokens: 8}\n  - name: second"
     assert first_cap in SUITE
-    (tmp_path / "suite.yaml").write_text(SUITE.replace(first_cap, first_cap.replace("8", "3")))
-    common = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", name, "--joint",
-              "--seed", "3", "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0"]
-
-    def run(out: Path, *extra: str) -> Any:
-        with registry.extra_plugins(**plugins):
-            return CliRunner().invoke(cli, [*common, "--out", str(out), *extra],
-                                      catch_exceptions=False)
-
+    run = stopping_runner(tmp_path, "grpo", SUITE.replace(first_cap, first_cap.replace("8", "3")),
+                          "--joint")
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     assert run(straight).exit_code == 0
     STOP["at"] = (1, 5)
@@ -272,12 +262,7 @@ def test_a_joint_run_stopped_in_its_stage_continues_from_its_last_step(tmp_path:
     assert [log.count(f'stage 1 step {{"step": {k},') for k in range(1, 7)] == [1, 1, 1, 1, 2, 1]
     a, b = read_results(straight / "results.json"), read_results(stopped / "results.json")
     assert b.joint and b.status == "complete" and len(b.matrix) == 2
-    reports = [json.loads((run / "stages" / "stage1.json").read_text())
-               for run in (straight, stopped)]
-    for report in reports:
-        del report["wall_time"]
-        for step in report["steps"]:
-            del step["seconds"]
+    reports = [stage_report_without_times(run, 1) for run in (straight, stopped)]
     assert reports[0] == reports[1] and len(reports[0]["steps"]) == 6
     assert b.score_matrix() == a.score_matrix()
     assert any(step["grad_norm"] > 0 for step in reports[0]["steps"])
