@@ -42,11 +42,15 @@ def _signal_mid_stage_2(args: list[str], tmp_path: Path, sig: int,
     marker = tmp_path / "paused"
     variable, value = pause or (PAUSE_ENV, "2:1")
     env = dict(os.environ, **{variable: value, PAUSE_ENV + "_MARKER": str(marker)})
-    # A shell that starts a job in the background has it ignore SIGINT, and children inherit
-    # that (Python then installs no Ctrl-C handler): the child is given the default back.
+    # A shell that starts a job in the background has it ignore SIGINT, and `nohup` SIGHUP;
+    # children inherit that (Python then installs no handler): the child gets the defaults back.
+    def default_stops() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
     child = subprocess.Popen([sys.executable, "-c", CHILD.format(here=str(HERE)), *args],
                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                             preexec_fn=default_stops)
     try:
         deadline = time.monotonic() + 300
         while not marker.exists():
@@ -153,6 +157,7 @@ def test_resume_of_a_complete_run_reprints_without_training(tmp_path: Path) -> N
 @pytest.mark.parametrize("sig, code, word", [
     (signal.SIGINT, 130, "interrupted"),   # Ctrl-C
     (signal.SIGTERM, 143, "terminated"),   # what a scheduler sends before it kills a job
+    (signal.SIGHUP, 143, "terminated"),    # the terminal closed
 ])
 def test_a_stop_request_mid_stage_keeps_completed_stages(tmp_path: Path, sig: int, code: int,
                                                          word: str) -> None:

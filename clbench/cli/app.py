@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from clbench import __version__
-from clbench.errors import UserError, stop_of, terminate_as_interrupt
+from clbench.errors import UserError, hangup_as_termination, stop_of, terminate_as_interrupt
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -74,12 +74,13 @@ def main_process() -> bool:
 
 
 class ClbenchGroup(click.Group):
-    """A click group that turns user errors into one message and exit status 2, Ctrl-C or
-    SIGTERM into a clean stop (exit 130 or 143), and a file error into one message (exit 1)."""
+    """A click group that turns user errors into one message and exit status 2, Ctrl-C,
+    SIGTERM or SIGHUP (the terminal closed, unless `nohup` ignores it) into a clean stop (exit
+    130 or 143), and a file error into one message (exit 1)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            with terminate_as_interrupt():
+            with terminate_as_interrupt(), hangup_as_termination():
                 return super().invoke(ctx)
         except UserError as exc:
             if ctx.find_root().params.get("debug"):
