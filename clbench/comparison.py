@@ -188,7 +188,23 @@ def print_comparison(console: Console, table_data: dict[str, Any],
             table.add_column(n, justify="right")
         for row in rows:
             table.add_row(*map(escape, row))
+        print_uncut(console, table)
+
+
+def print_uncut(console: Console, table: Table) -> None:
+    """Print a table with no header or cell cut short. On a terminal rich fits it to the
+    window; into a file or a pipe (a run log, `clbench report ... > report.txt`), where rich
+    would assume 80 columns and end cells with `…`, at the table's natural width."""
+    if console.is_terminal:
         console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(1 << 20)).maximum
+    fitted = console.width  # not a terminal: a fixed width (80, or $COLUMNS), never resized
+    console.width = max(fitted, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = fitted
 
 
 def format_gib(size: int | None) -> str:

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from clbench.comparison import (comparison, comparison_groups, comparison_tables,
                                 cost_comparison, cost_tables, format_gib, metric_order,
-                                print_comparison)
+                                print_comparison, print_uncut)
 from clbench.errors import UserError
 from clbench.joint import add_intransigence
 from clbench.progress import clock_time
@@ -77,7 +77,7 @@ def print_summary(console: Console, result: RunResult) -> None:
     """The matrix, then the headline metrics with their variants, then the compute."""
     from rich.table import Table
 
-    console.print(matrix_table(result))
+    print_uncut(console, matrix_table(result))
     console.print(f"[dim]compute: {escape(compute_summary(result))}[/]", soft_wrap=True)
     if not result.metrics:
         return
@@ -86,7 +86,7 @@ def print_summary(console: Console, result: RunResult) -> None:
         table.add_column(col)
     for row in metric_rows(result):
         table.add_row(*row)
-    console.print(table)
+    print_uncut(console, table)
 
 
 def metric_rows(result: RunResult) -> list[list[str]]:

@@ -103,3 +103,32 @@ def test_cost_of_runs_that_recorded_none(tmp_path: Path) -> None:
 def comparison(found):
     """Metrics over seeds of runs as found on disk (path, result)."""
     return compare_groups(comparison_groups(found))
+
+
+def test_a_table_into_a_file_is_printed_whole_and_on_a_terminal_fits_the_window() -> None:
+    """Into a log or `> report.txt` rich assumes 80 columns and would cut headers and cells to
+    `…`; there the table keeps its natural width. A terminal still gets it fitted to its width."""
+    import io
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from clbench.comparison import print_uncut
+
+    names = [f"column_with_a_long_name_{i}" for i in range(9)]
+    table = Table(title="R")
+    for name in names:
+        table.add_column(name, justify="right")
+    table.add_row(*[f"0.{i}50 (n=100)" for i in range(9)])
+
+    into_file = Console(file=io.StringIO(), width=80)
+    assert not into_file.is_terminal
+    print_uncut(into_file, table)
+    text = into_file.file.getvalue()
+    assert "…" not in text and all(name in text for name in names)
+    assert all(f"0.{i}50 (n=100)" in text for i in range(9))
+    assert into_file.width == 80  # the console's own width is left as it was
+
+    terminal = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    print_uncut(terminal, table)
+    assert max(map(len, terminal.file.getvalue().splitlines())) <= 80
