@@ -272,7 +272,7 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
                        str(stage.task.train_size), str(b.steps), str(b.prompts_per_step),
                        str(b.samples_per_prompt), tokens, f"{b.temperature:g}",
                        "-" if b.lr is None else f"{b.lr:g}")
-    console.print(stages)
+    print_uncut(console, stages)
 
     columns = Table(title="evaluation columns", title_justify="left", box=box.SIMPLE_HEAD,
                     show_edge=False, collapse_padding=True)
@@ -292,7 +292,7 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
             lm = probe.lm_eval
             columns.add_row(probe.name, probe.kind, escape(f"lm_eval:{lm.task}"),
                             str(lm.limit) if lm.limit else "all", f"metric={escape(lm.metric)}")
-    console.print(columns)
+    print_uncut(console, columns)
     metrics = "none (a joint reference run)" if run.joint else ", ".join(suite.protocol.metrics)
     console.print(f"[bold]metrics[/] {metrics}; decoding "
                   f"temperature {suite.protocol.decoding.temperature:g}, max new tokens "

@@ -173,10 +173,14 @@ def test_tasks_show_errors(fake_plugins) -> None:
                       "unknown task source 'fake.adition'. Did you mean 'fake.addition'?")
 
 
-def test_run_plan(write_suite, fake_plugins) -> None:
+@pytest.mark.parametrize("columns", ["160", "40"])
+def test_run_plan(write_suite, fake_plugins, columns: str) -> None:
+    """The plan's tables; printed into a pipe narrower than them (40 columns), no name or
+    number is folded or cut."""
     path = write_suite()
     result = invoke("run", "--suite", str(path), "--method", "fake-method", "--seed", "4",
-                    "--set", "stages[1].budget.steps=7", "--set", "method.beta=0.5", "--plan")
+                    "--set", "stages[1].budget.steps=7", "--set", "method.beta=0.5", "--plan",
+                    env={"COLUMNS": columns})
     assert result.exit_code == 0, result.output
     out = result.output
     assert "runs/tiny/fake-method/s4" in out
