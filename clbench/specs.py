@@ -71,6 +71,14 @@ class StageSpec(Spec):
     task: TaskSpec = Field(description="The task learned in this stage.")
     budget: Budget = Field(description="Training budget of the stage.")
 
+    @field_validator("task")
+    @classmethod
+    def _has_training_items(cls, task: TaskSpec) -> TaskSpec:
+        if task.train_size < 1:  # a probe's task may have none; a stage trains on them
+            raise ValueError("train_size must be at least 1: a stage trains on its task's "
+                             "training items")
+        return task
+
 
 #: lm-eval metrics that cannot be a column of R (lower is better, not bounded by 1).
 LOWER_IS_BETTER_LM_EVAL_METRICS = frozenset({

@@ -94,6 +94,22 @@ def test_several_mistakes_are_reported_together(write_suite) -> None:
         "name", "stages[0].task.train_size", "stages[0].budget.top_p"]
 
 
+def test_a_stage_without_training_items_is_refused_but_a_probe_needs_none(write_suite) -> None:
+    """Found when the suite is read, not after row 0 when the stage would start training."""
+    path = write_suite("""\
+        name: tiny
+        stages:
+          - name: a
+            task: {source: fake.addition, train_size: 0}
+            budget: {steps: 1}
+        probes:
+          - name: b
+            task: {source: fake.addition, train_size: 0}
+        """)
+    assert error_of(path) == (f"{path}: stages[0].task: Value error, train_size must be at "
+                              "least 1: a stage trains on its task's training items")
+
+
 def test_duplicate_column_is_refused(write_suite) -> None:
     path = write_suite("""\
         name: tiny
