@@ -144,7 +144,9 @@ def parse_path(path: str) -> list[str | int]:
 
 def parse_override(text: str, example: str = "stages[0].budget.steps=4"
                    ) -> tuple[list[str | int], Any]:
-    """`key.path=value` -> (path parts, YAML-typed value). `=1e-5` becomes a float."""
+    """`key.path=value` -> (path parts, YAML-typed value). `=1e-5` becomes a float; a value
+    YAML cannot read because it starts with a character YAML reserves (`*` in
+    `operators=*`) is the string as written."""
     import yaml
 
     if "=" not in text:
@@ -153,7 +155,10 @@ def parse_override(text: str, example: str = "stages[0].budget.steps=4"
     try:
         value = yaml.load(raw, Loader=_SafeLoader) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise SpecError(f"override {text!r}: value is not valid YAML: {exc}") from None
+        if raw.strip()[0] not in "*&@`%":
+            raise SpecError(f"override {text!r}: value is not valid YAML (quote a string: "
+                            f"{key}=\"...\"): {exc}") from None
+        value = raw
     if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value.strip()):
         value = float(value)  # YAML 1.1 reads `1e-5` as a string; users mean a number
     return parse_path(key), value

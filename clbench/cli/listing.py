@@ -132,7 +132,7 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
     \b
     Example:
       clbench tasks show math.arithmetic --n 3 --seed 0 --split eval
-      clbench tasks show math.arithmetic --set digits=3 --set operators=*
+      clbench tasks show math.arithmetic --set digits=3 --set 'operators=+*'
     """
     from clbench import catalog
     from clbench.registry import build_task, load_task_class

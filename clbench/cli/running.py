@@ -38,7 +38,8 @@ from clbench.seeding import MAX_SEED
               help="Run directory  [default: runs/<suite>/<method>/s<seed>]")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="Override: method.X (method config), model.X (model) or any suite field, "
-                   "e.g. --set stages[0].budget.steps=4 (repeatable).")
+                   "e.g. --set stages[0].budget.steps=4 (repeatable). VALUE is read as YAML: "
+                   "4, 1e-5, true, [acc, bwt].")
 @click.option("--resume", is_flag=True,
               help="Continue a stopped run where it stopped: from the last checkpoint of a "
                    "stage in progress, without evaluating a saved column again.")
