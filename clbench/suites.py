@@ -230,6 +230,9 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str], lis
         key = text.split("=", 1)[0].strip()
         for prefix, bucket in (("method.", method), ("model.", model)):
             if key.startswith(prefix):
+                if "=" not in text:  # said here: past this point the prefix is gone
+                    raise SpecError(f"override {text!r}: expected KEY=VALUE, e.g. "
+                                    f"{key}={'1e-5' if key == 'method.lr' else '...'}")
                 bucket.append(text.strip()[len(prefix):])
                 break
         else:

@@ -87,6 +87,11 @@ def test_split_overrides_routes_by_prefix() -> None:
     assert split_overrides(["method.lr=1e-5", "model.dtype=float32", "stages[0].budget.steps=4",
                             "methods_note=x"]) == (
         ["lr=1e-5"], ["dtype=float32"], ["stages[0].budget.steps=4", "methods_note=x"])
+    with pytest.raises(SpecError, match=re.escape("override 'method.lr': expected KEY=VALUE, "
+                                                  "e.g. method.lr=1e-5")):
+        split_overrides(["method.lr"])  # named as typed, with its prefix
+    with pytest.raises(SpecError, match=re.escape("override 'model.dtype': expected KEY=VALUE")):
+        split_overrides(["model.dtype"])
     with pytest.raises(SpecError, match="set one field at a time"):
         split_overrides(["method={lr: 1}"])
 
