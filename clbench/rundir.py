@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -151,12 +152,13 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool,
                          {k: v for k, v in current_reading(identity, stored=False).items()
                           if k != drop})
     if diffs:
+        diffs = _as_typed(diffs)
         detail = "; ".join(f"{path}: {_short(there)} there, {_short(now)} now"
                            for path, there, now in diffs[:4])
         more = f" and {len(diffs) - 4} more" if len(diffs) > 4 else ""
         hint = "" if locked_by_us else _start_over_hint(run_dir)
         raise RunDirError(f"{run_dir} holds another run ({detail}{more}); "
-                          f"{_method_sets_hint(stored, diffs)}{hint}choose another --out")
+                          f"{_sets_hint(stored, diffs)}{hint}choose another --out")
     if not resume:
         if not locked_by_us and run_is_live(run_dir):
             # "pass --resume" would only lead to the lock's refusal
@@ -246,11 +248,32 @@ def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any
     return [] if found == wanted else [(path, found, wanted)]
 
 
-def _method_sets_hint(stored: dict[str, Any], diffs: list[tuple[str, Any, Any]]) -> str:
-    """When only method settings differ, the `--set`s that continue the stored run, noting a
-    setting the run did not record because it predates the field."""
-    prefix = "method_config."
-    if not all(path.startswith(prefix) and there != "(absent)" for path, there, _ in diffs):
+def _as_typed(diffs: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
+    """The differences as a user would name them: fields by their `--set` spelling
+    (`method.lr`, `stages[1].budget.steps`), once each; under another method or suite, that
+    alone (its config or content differs as a consequence)."""
+    names = {path for path, _, _ in diffs}
+    implied = tuple(p for key, p in (("method", "method_config."), ("suite", "suite_spec."))
+                    if key in names)
+    out: list[tuple[str, Any, Any]] = []
+    for path, there, now in diffs:
+        if path.startswith(implied):
+            continue
+        for internal, typed in (("method_config.", "method."), ("suite_spec.", "")):
+            if path.startswith(internal):
+                path = typed + path[len(internal):]
+        if (path, there, now) not in out:  # the suite's `model` and the run's model agree
+            out.append((path, there, now))
+    return out
+
+
+def _sets_hint(stored: dict[str, Any], diffs: list[tuple[str, Any, Any]]) -> str:
+    """When every difference is a setting (a method, model or suite field), the `--set`s that
+    continue the stored run, noting a method setting the run did not record because it
+    predates the field. Another seed, method or suite is named, not hinted: that folder is
+    most likely the wrong one."""
+    if not all(path not in ("seed", "method", "suite", "joint", "suite_hash", "method_config")
+               and "(absent)" not in (there, now) for path, there, now in diffs):
         return ""
     from clbench import registry
     from clbench.engine.api import fields_before
@@ -262,11 +285,11 @@ def _method_sets_hint(stored: dict[str, Any], diffs: list[tuple[str, Any, Any]])
         unrecorded = set()
     sets = []
     for path, there, _ in diffs:
-        field = path[len(prefix):]
         value = there if isinstance(there, str) else json.dumps(there)
-        sets.append(f"--set method.{field}={value}")
+        sets.append("--set " + shlex.quote(f"{path}={value}"))
     note = ""
-    if unrecorded & {path[len(prefix):] for path, _, _ in diffs}:
+    if unrecorded & {path.removeprefix("method.") for path, _, _ in diffs
+                     if path.startswith("method.")}:
         note = (" (a setting this run predates and did not record: runs before it was added "
                 "behaved as shown 'there')")
     return f"to continue it, add {' '.join(sets)}{note}; or "

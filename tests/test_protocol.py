@@ -217,11 +217,17 @@ def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
     before = (out / "results.json").read_bytes()
     other_seed = run_cli(base + ["--method", "test.echo-sft", "--seed", "1", "--resume"])
     assert other_seed.exit_code == 2
-    assert "holds another run (seed: 0 there, 1 now)" in other_seed.output.replace("\n", " ")
+    assert "holds another run (seed: 0 there, 1 now); choose another --out" in \
+        other_seed.output.replace("\n", " ")
     other_cfg = run_cli(base + ["--method", "test.echo-sft", "--set", "method.lr=0.5",
                                 "--resume"])
     assert other_cfg.exit_code == 2
-    assert "method_config.lr: 0.03 there, 0.5 now" in other_cfg.output.replace("\n", " ")
+    assert "(method.lr: 0.03 there, 0.5 now); to continue it, add --set method.lr=0.03;" in \
+        other_cfg.output.replace("\n", " ")
+    other_method = run_cli(base + ["--method", "sft", "--resume"])
+    assert other_method.exit_code == 2  # the method alone: its config differs as a consequence
+    assert "holds another run (method: test.echo-sft there, sft now); choose " \
+        "another --out" in other_method.output.replace("\n", " ")
     again = run_cli(base + ["--method", "test.echo-sft"])
     assert again.exit_code == 2 and "pass --resume" in again.output.replace("\n", " ")
     assert "Traceback" not in again.output

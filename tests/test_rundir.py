@@ -80,7 +80,7 @@ def test_a_field_that_changed_the_method_reads_as_it_was_in_older_runs(tmp_path:
     with pytest.raises(RunDirError) as refused:
         check_run_dir(tmp_path / "run", run_identity(run, config), resume=True)
     message = str(refused.value)
-    assert "method_config.feedback_with_demo: true there, false now" in message
+    assert "method.feedback_with_demo: true there, false now" in message
     assert "to continue it, add --set method.feedback_with_demo=true (a setting this run " \
         "predates and did not record" in message
     as_before = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run", overrides=[
@@ -98,7 +98,7 @@ def test_a_damaged_stored_method_config_is_a_difference_not_a_crash(tmp_path: Pa
     now = run_identity(run, registry.validate_method_params("sdpo", None).model_dump(mode="json"))
     _write(tmp_path / "run", {**now, "method_config": config})
     if config is None:  # no settings recorded: the defaults, with the values from before
-        match = "method_config.feedback_with_demo: true there"
+        match = "method.feedback_with_demo: true there"
     else:
         match = "method_config: .* there"
     with pytest.raises(RunDirError, match=match):
@@ -112,7 +112,15 @@ def test_a_changed_budget_is_named_not_hashed(tmp_path: Path) -> None:
     with pytest.raises(RunDirError) as err:
         check_run_dir(tmp_path / "run", run_identity(other, other_config), resume=True)
     steps = run.suite.stages[0].budget.steps
-    assert f"suite_spec.stages[0].budget.steps: {steps} there, 7 now" in str(err.value)
+    assert (f"holds another run (stages[0].budget.steps: {steps} there, 7 now); to continue "
+            f"it, add --set 'stages[0].budget.steps={steps}'; or ") in str(err.value)
+    with_metrics, config = _run(tmp_path, "protocol.metrics=[acc]")
+    with pytest.raises(RunDirError) as err:
+        check_run_dir(tmp_path / "run", run_identity(with_metrics, config), resume=True)
+    there = json.dumps(run.suite.protocol.metrics)  # a list: quoted for the shell
+    assert f"add --set 'protocol.metrics={there}'; or" in str(err.value)
+    from clbench.spec_reading import parse_override
+    assert parse_override(f"protocol.metrics={there}")[1] == run.suite.protocol.metrics
 
 
 def test_an_identity_without_the_suite_reads_it_from_results(tmp_path: Path) -> None:
