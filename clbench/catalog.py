@@ -32,7 +32,7 @@ def suites_table(suites: Sequence[SuiteInfo]) -> Table:
     table = listing_table("suites")
     table.add_column("name", no_wrap=True, style="bold")
     table.add_column("description", overflow="fold", min_width=24, ratio=2)
-    table.add_column("path", overflow="fold", ratio=1)
+    table.add_column("path", overflow="fold")
     for suite in suites:
         table.add_row(suite.name, escape(suite.description), str(suite.path))
     return table

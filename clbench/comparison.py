@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from clbench.errors import UserError
+from clbench.tables import print_uncut
 from clbench.results import RunResult, peak_memory_kind
 
 #: Complete runs by suite key and method-setting label (:func:`comparison_groups`).
@@ -189,22 +190,6 @@ def print_comparison(console: Console, table_data: dict[str, Any],
         for row in rows:
             table.add_row(*map(escape, row))
         print_uncut(console, table)
-
-
-def print_uncut(console: Console, table: Table) -> None:
-    """Print a table with no header or cell cut short. On a terminal rich fits it to the
-    window; into a file or a pipe (a run log, `clbench report ... > report.txt`), where rich
-    would assume 80 columns and end cells with `…`, at the table's natural width."""
-    if console.is_terminal:
-        console.print(table)
-        return
-    natural = console.measure(table, options=console.options.update_width(1 << 20)).maximum
-    fitted = console.width  # not a terminal: a fixed width (80, or $COLUMNS), never resized
-    console.width = max(fitted, natural)
-    try:
-        console.print(table)
-    finally:
-        console.width = fitted
 
 
 def format_gib(size: int | None) -> str:

@@ -20,12 +20,13 @@ from rich.table import Table
 
 from clbench.comparison import (comparison, comparison_groups, comparison_tables,
                                 cost_comparison, cost_tables, format_gib, metric_order,
-                                print_comparison, print_uncut)
+                                print_comparison)
 from clbench.errors import UserError
 from clbench.joint import add_intransigence
 from clbench.progress import clock_time
 from clbench.results import RESULTS_FILENAME, RunResult, peak_memory_kind, read_results
 from clbench.rundir import IDENTITY_FILE, run_is_live, what_is_saved
+from clbench.tables import print_uncut
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:

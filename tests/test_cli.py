@@ -61,6 +61,10 @@ def test_list_suites(write_suite) -> None:
     result = invoke("list", "suites", env={"CLBENCH_SUITE_PATH": str(path.parent)})
     row = next(line for line in result.output.splitlines() if " mine " in line)
     assert "Two fake stages and one probe." in row
+    assert str(path) in row  # the path whole, on the suite's line
+    narrow = invoke("list", "suites", env={"CLBENCH_SUITE_PATH": str(path.parent),
+                                            "COLUMNS": "60"})
+    assert str(path) in next(line for line in narrow.output.splitlines() if " mine " in line)
 
 
 def test_list_rejects_unknown_kind() -> None:

@@ -113,7 +113,7 @@ def test_a_table_into_a_file_is_printed_whole_and_on_a_terminal_fits_the_window(
     from rich.console import Console
     from rich.table import Table
 
-    from clbench.comparison import print_uncut
+    from clbench.tables import print_uncut
 
     names = [f"column_with_a_long_name_{i}" for i in range(9)]
     table = Table(title="R")

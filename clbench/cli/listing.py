@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from clbench.cli.app import ClbenchGroup, cli, parse_sets, stderr_console, stdout_console
 from clbench.errors import UserError
+from clbench.tables import print_uncut
 
 # ---------------------------------------------------------------------------------------------
 # clbench list
@@ -33,12 +34,12 @@ def list_command(what: str) -> None:
     if what == "suites":
         from clbench.suites import list_suites
 
-        console.print(catalog.suites_table(list_suites()))
+        print_uncut(console, catalog.suites_table(list_suites()))
         return
     from clbench import registry
 
     group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
-    console.print(catalog.plugins_table(what, registry.list_plugins(group), console.width))
+    print_uncut(console, catalog.plugins_table(what, registry.list_plugins(group), console.width))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
     params = apply_overrides({}, parse_sets(sets), example="digits=3")
     task = build_task(TaskSpec(source=name, params=params), where="params")
     console = stdout_console()
-    console.print(catalog.fields_table(f"{name} parameters", load_task_class(name).Params))
+    print_uncut(console, catalog.fields_table(f"{name} parameters", load_task_class(name).Params))
     catalog.print_examples(console, task, task.examples(split, seed, n))  # type: ignore[arg-type]
 
 
@@ -178,4 +179,4 @@ def methods_show_command(name: str) -> None:
     doc = (cls.__doc__ or "").strip().split("\n\n")[0]
     if doc:
         console.print(escape(" ".join(doc.split())), soft_wrap=True)
-    console.print(catalog.fields_table(f"{name} config", cls.Config))
+    print_uncut(console, catalog.fields_table(f"{name} config", cls.Config))

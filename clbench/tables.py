@@ -1,0 +1,25 @@
+"""Printing rich tables whole: on a terminal rich fits a table to the window; into a file or a
+pipe (a run log, `clbench report ... > report.txt`) no width limits it, so nothing is cut.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+
+def print_uncut(console: Console, table: Table) -> None:
+    """Print a table with no header or cell cut short. On a terminal rich fits it to the
+    window; into a file or a pipe (a run log, `clbench report ... > report.txt`), where rich
+    would assume 80 columns and end cells with `…` or break names, at the table's natural
+    width."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    natural = console.measure(table, options=console.options.update_width(1 << 20)).maximum
+    fitted = console.width  # not a terminal: a fixed width (80, or $COLUMNS), never resized
+    console.width = max(fitted, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = fitted
