@@ -150,12 +150,6 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
     leaves a `failed` result.
     """
     console = console or Console()
-    if run.suite.protocol.diagnostics:
-        # Declared in the schema so suites can be written against it; computing them is the
-        # drift/collapse module's job. Refuse rather than silently report nothing.
-        raise UserError("protocol.diagnostics "
-                        f"{run.suite.protocol.diagnostics}: drift and collapse diagnostics are "
-                        "not available in this version of clbench; remove them from the suite")
     run_dir = Path(run.out_dir)
     method = registry.build_method(run.method)
     method_config = method.config.model_dump(mode="json")

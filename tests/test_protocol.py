@@ -394,3 +394,15 @@ def test_diagnostics_not_yet_available_are_refused_not_silently_skipped(tmp_path
     assert res.exit_code == 2
     assert "diagnostics are not available" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "r" / "results.json").exists()
+    # found as early by the commands that only read the suite
+    plan = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--plan",
+                                    "--set", "protocol.diagnostics=[weight_drift]"])
+    assert plan.exit_code == 2 and "protocol.diagnostics: Value error, ['weight_drift']: drift " \
+        "and collapse diagnostics are not available" in plan.output.replace("\n", " ")
+    suite = tmp_path / "with-diagnostics.yaml"
+    from clbench.suites import resolve_suite
+    suite.write_text(resolve_suite("smoke").read_text().replace(
+        "protocol:\n", "protocol:\n  diagnostics: [artifacts]\n"))
+    assert "diagnostics: [artifacts]" in suite.read_text()
+    checked = CliRunner().invoke(cli, ["validate", str(suite)])
+    assert checked.exit_code == 2 and "diagnostics are not available" in checked.output
