@@ -131,6 +131,20 @@ def absolute_model_name(name: str) -> str:
         return name
 
 
+def check_model_name(name: str) -> None:
+    """Refuse a name that names no model: an unknown tiny-* model, or neither the embedded
+    model, a local folder nor a hub id `owner/name`. Cheap (no download, no torch), so a suite
+    or `--model` is checked before a run claims its folder."""
+    if name == EMBEDDED_MODEL or name in TINY_MODELS:
+        return
+    if name.startswith("tiny-"):
+        raise ModelLoadError(f"unknown tiny model {name!r}; known: {', '.join(TINY_MODELS)}")
+    if not Path(name).expanduser().exists() and name.count("/") != 1:
+        raise ModelLoadError(
+            f"model {name!r} is neither {EMBEDDED_MODEL!r}, a tiny-* model "
+            f"({', '.join(TINY_MODELS)}), an existing local folder, nor a hub id `owner/name`")
+
+
 def load_model(spec: ModelSpec | str, device: str | torch.device | None = "auto",
                dtype: str | torch.dtype | None = None, seed: int = 0,
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -145,12 +159,11 @@ def load_model(spec: ModelSpec | str, device: str | torch.device | None = "auto"
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype if dtype is not None else spec.dtype, torch_device)
     name = spec.name
+    check_model_name(name)
     if name == EMBEDDED_MODEL:
         model, tokenizer = _load_pretrained(str(embedded_model_dir()), torch_dtype)
     elif name in TINY_MODELS:
         model, tokenizer = build_tiny_model(name, seed=seed, dtype=torch_dtype)
-    elif name.startswith("tiny-"):
-        raise ModelLoadError(f"unknown tiny model {name!r}; known: {', '.join(TINY_MODELS)}")
     else:
         model, tokenizer = _load_pretrained(name, torch_dtype, revision=spec.revision,
                                             trust_remote_code=spec.trust_remote_code)
@@ -183,10 +196,6 @@ def _load_pretrained(name_or_path: str, dtype: torch.dtype, revision: str | None
 
     local = Path(name_or_path).expanduser()
     source = str(local) if local.exists() else name_or_path
-    if not local.exists() and name_or_path.count("/") != 1:
-        raise ModelLoadError(
-            f"model {name_or_path!r} is neither {EMBEDDED_MODEL!r}, a tiny-* model "
-            f"({', '.join(TINY_MODELS)}), an existing local folder, nor a hub id `owner/name`")
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, revision=revision,
                                                   trust_remote_code=trust_remote_code)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from clbench import registry
 from clbench.errors import UserError
-from clbench.models import absolute_model_name
+from clbench.models import absolute_model_name, check_model_name
 from clbench.spec_reading import (
     SpecError,
     apply_override,
@@ -259,6 +259,10 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
         model_data["name"] = model
     model_data = apply_overrides(model_data, model_sets)
     model_spec = _validate_at(ModelSpec, model_data, "model")
+    try:
+        check_model_name(model_spec.name)
+    except SpecError as exc:
+        raise SpecError(f"{'--model' if model is not None else 'model.name'}: {exc}") from None
     model_spec = model_spec.model_copy(update={"name": absolute_model_name(model_spec.name)})
 
     params = apply_overrides({}, method_sets)

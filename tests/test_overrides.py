@@ -139,3 +139,15 @@ def test_build_run_spec_checks_the_device(write_suite, fake_plugins) -> None:
     assert build_run_spec(write_suite(), "fake-method", device="cuda:1").device == "cuda:1"
     with pytest.raises(SpecError, match=r"run: device: String should match pattern"):
         build_run_spec(write_suite(), "fake-method", device="gpu")
+
+
+def test_build_run_spec_refuses_a_model_name_that_names_no_model(write_suite,
+                                                                 fake_plugins) -> None:
+    """Found with the rest of the spec (so `run --plan` and a sweep see it), not when the run,
+    its folder claimed, loads the model; a hub id passes (it is loaded, not checked, offline)."""
+    with pytest.raises(SpecError, match=r"^--model: unknown tiny model 'tiny-foo'; known: "):
+        build_run_spec(write_suite(), "fake-method", model="tiny-foo")
+    with pytest.raises(SpecError, match=r"^model.name: model 'nohub' is neither 'smollm2-135m'"):
+        build_run_spec(write_suite(), "fake-method", overrides=["model.name=nohub"])
+    assert build_run_spec(write_suite(), "fake-method",
+                          model="Qwen/Qwen3-4B").model.name == "Qwen/Qwen3-4B"
