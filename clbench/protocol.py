@@ -213,13 +213,18 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
 def check_lm_eval_probes(run: RunSpec) -> None:
     """Refuse an unknown lm-eval task now, before the model loads, rather than when row 0
     reaches the probe's column (half an hour into a CPU run)."""
-    probes = [p.lm_eval for p in run.suite.probes if p.lm_eval is not None]
+    probes = [(i, p.lm_eval) for i, p in enumerate(run.suite.probes) if p.lm_eval is not None]
     if probes:
         from clbench.lmeval import check_probe
+        from clbench.lmeval_tasks import LmEvalProbeError
 
         base = Path(run.suite_file).parent if run.suite_file else None
-        for probe in probes:
-            check_probe(probe, base)
+        for i, probe in probes:
+            try:
+                check_probe(probe, base)
+            except LmEvalProbeError as exc:
+                where = f"{run.suite_file}: " if run.suite_file else ""
+                raise LmEvalProbeError(f"{where}probes[{i}].lm_eval: {exc}") from None
 
 
 class _Items(NamedTuple):

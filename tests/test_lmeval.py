@@ -259,7 +259,8 @@ def test_a_misspelled_lm_eval_task_stops_a_run_before_the_model_loads(tmp_path: 
     res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--out", str(out),
                    "--device", "cpu"])
     assert res.exit_code == 2, res.output
-    assert "lm-eval task 'clbench_general_mcq' is unknown" in " ".join(res.output.split())
+    assert f"{suite}: probes[1].lm_eval: lm-eval task 'clbench_general_mcq' is unknown" in \
+        " ".join(res.output.split())  # the file and the field, as for any suite mistake
     assert not (out / "results.json").exists() and not (out / "items").exists()
     assert time.monotonic() - start < 20
 

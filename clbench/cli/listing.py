@@ -49,7 +49,8 @@ def list_command(what: str) -> None:
 @cli.command("validate")
 @click.argument("files", nargs=-1, required=True)
 def validate_command(files: tuple[str, ...]) -> None:
-    """Validate suite files (fields and the parameters of every task source).
+    """Validate suite files (fields and the parameters of every task source; lm-eval probe
+    task names are checked when a run starts, before its model loads).
 
     Prints OK or the problems for each file; exits 0 when all are valid, 2 otherwise.
 
