@@ -157,6 +157,18 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
     skipped: list[str] = []
     found = collect_results(run_dirs, skipped)
     add_intransigence(found)
+    as_tables = not as_json and not as_markdown
+    if as_tables:  # first: a comparison refused below still leaves every run's tables shown
+        for reason in skipped:
+            console.print(f"[yellow]left out: {escape(reason)}[/]", soft_wrap=True)
+        for d, r in found:
+            print_summary(console, r)
+            if (where := standing(d, r)) is not None:
+                console.print(f"[yellow]{escape(where)}[/]", soft_wrap=True)
+        incomplete = [str(d) for d, r in found if r.status != "complete"]
+        if incomplete:
+            console.print(f"[yellow]not complete (left out of the comparison): "
+                          f"{', '.join(incomplete)}[/]")
     groups = comparison_groups(found)
     data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
                       "seed": r.seed, "joint": r.joint, "status": r.status,
@@ -170,21 +182,10 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
         data["skipped"] = skipped
     if as_json:
         console.print_json(json.dumps(data))
-        return data
-    if as_markdown:
+    elif as_markdown:
         console.file.write(markdown_report(found, data["comparison"], skipped, data["cost"]))
-        return data
-    for reason in skipped:
-        console.print(f"[yellow]left out: {escape(reason)}[/]", soft_wrap=True)
-    for d, r in found:
-        print_summary(console, r)
-        if (where := standing(d, r)) is not None:
-            console.print(f"[yellow]{escape(where)}[/]", soft_wrap=True)
-    incomplete = [str(d) for d, r in found if r.status != "complete"]
-    if incomplete:
-        console.print(f"[yellow]not complete (left out of the comparison): "
-                      f"{', '.join(incomplete)}[/]")
-    print_comparison(console, data["comparison"], data["cost"])
+    else:
+        print_comparison(console, data["comparison"], data["cost"])
     return data
 
 

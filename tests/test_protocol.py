@@ -317,6 +317,30 @@ def test_report_shows_every_metric_and_leaves_out_unreadable_results(tmp_path: P
         report([root / "broken"])
 
 
+def test_report_shows_every_run_before_refusing_a_comparison_of_two_runs_of_a_seed(
+        tmp_path: Path) -> None:
+    """Two different results of one method and seed under one folder: which one the comparison
+    should count is the user's call, but each run's own tables are still printed first."""
+    from rich.console import Console
+
+    from clbench.errors import UserError
+    from clbench.reporting import report
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    root = tmp_path / "grid"
+    assert run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft",
+                    "--out", str(root / "a"), "--device", "cpu"]).exit_code == 0
+    other = json.loads((root / "a" / "results.json").read_text())
+    other["matrix"][1][0]["score"] = 0.5  # another run's numbers, same method and seed
+    (root / "b").mkdir()
+    (root / "b" / "results.json").write_text(json.dumps(other))
+    console = Console(record=True, width=200)
+    with pytest.raises(UserError, match=r"two different runs of test.echo-sft seed 0: .*a and "
+                                        r".*b; name one of them"):
+        report([root], console=console)
+    assert console.export_text().count("R: echo / test.echo-sft / seed 0 (complete)") == 2
+
+
 def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
     suite = write_suite(tmp_path)
     root = tmp_path / "grid"
