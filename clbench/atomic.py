@@ -31,7 +31,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         mode = target.stat().st_mode & 0o777  # keep the permissions of the file replaced
     except FileNotFoundError:
         mode = _DEFAULT_MODE
-    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                        suffix=".tmp")
+    except OSError as exc:
+        raise _naming(exc, target) from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -39,13 +43,21 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             os.fsync(handle.fileno())
         os.chmod(tmp_name, mode)
         os.replace(tmp_name, target)
-    except BaseException:
+    except BaseException as exc:
         # Also on KeyboardInterrupt: never leave a stray temporary file behind.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp_name)
+        if isinstance(exc, OSError):
+            raise _naming(exc, target) from None
         raise
     _fsync_dir(target.parent)
     return target
+
+
+def _naming(exc: OSError, target: Path) -> OSError:
+    """`exc` about `target`: the user asked for that file, not for its temporary neighbour (the
+    CLI's one-line message names `filename`)."""
+    return type(exc)(exc.errno, exc.strerror, str(target))
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:

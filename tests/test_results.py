@@ -169,6 +169,33 @@ def test_crash_mid_write_leaves_old_file_intact(tmp_path: Path, monkeypatch) -> 
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
+def test_a_failed_write_names_the_file_asked_for_not_its_temporary_neighbour(
+        tmp_path: Path, monkeypatch) -> None:
+    import errno
+
+    path = tmp_path / "results.json"
+    atomic.atomic_write_text(path, "old\n")
+
+    def disk_full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", disk_full)
+    with pytest.raises(OSError) as err:
+        atomic.atomic_write_text(path, "new\n")
+    assert (err.value.errno, err.value.filename) == (errno.ENOSPC, str(path))
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == [
+        "results.json"]
+    monkeypatch.undo()
+
+    def no_temporary_file(**kwargs: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", "/x/.schema.json.abc.tmp")
+
+    monkeypatch.setattr(atomic.tempfile, "mkstemp", no_temporary_file)
+    with pytest.raises(PermissionError) as err:
+        atomic.atomic_write_text(tmp_path / "schema.json", "{}")
+    assert err.value.filename == str(tmp_path / "schema.json")
+
+
 def test_unserialisable_data_leaves_old_file_intact(tmp_path: Path) -> None:
     path = tmp_path / "a.json"
     atomic.atomic_write_json(path, {"v": 1})
