@@ -79,7 +79,9 @@ def print_summary(console: Console, result: RunResult) -> None:
     from rich.table import Table
 
     print_uncut(console, matrix_table(result))
-    console.print(f"[dim]compute: {escape(compute_summary(result))}[/]", soft_wrap=True)
+    # a run not complete: its training and rows in progress are not counted until saved
+    of = "" if result.status == "complete" else " of the rows saved"
+    console.print(f"[dim]compute{of}: {escape(compute_summary(result))}[/]", soft_wrap=True)
     if not result.metrics:
         return
     table = Table(title="metrics (single run: n = 1)")
