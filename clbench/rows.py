@@ -114,12 +114,14 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
             continue
         boot_seed = derive_seed("bootstrap", plan.name, row)
         if plan.task is not None:
-            examples, first = plan.examples, 0
+            examples, first, label = plan.examples, 0, f"row {row}: eval {plan.name}"
             if sharded:
                 from clbench.engine.distributed import eval_share
 
                 share = eval_share(len(examples), dist.process_index, world)
                 examples, first = examples[share.start:share.stop], share.start
+                # the bar counts this process's items (only the main process shows it)
+                label += f" (items {first + 1}-{first + len(examples)} of {len(plan.examples)})"
             # Seeded per column (and share): a column sampled after a resume that skipped the
             # columns before it draws what it would have drawn.
             generate = make_generate_fn(model, tokenizer, decoding,
@@ -128,7 +130,7 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
                                    batch_size=decoding.batch_size,
                                    bootstrap_samples=0 if sharded else boot,  # after the gather
                                    bootstrap_seed=boot_seed, progress=progress,
-                                   description=f"row {row}: eval {plan.name}")
+                                   description=label)
             if sharded:
                 cell = summarise_cell(plan.name, dist.gather(cell.records), boot, boot_seed)
         else:

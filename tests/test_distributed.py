@@ -369,6 +369,7 @@ def test_two_process_smoke_run_matches_one_process_row_0(tmp_path: Path, method:
                     str(out), "--no-base-cache", "--checkpoint-minutes", "0", *SMALL])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("method config") == 1  # only the main process prints
+    assert "row 0: eval math (items 1-4 of 8) 4/4, " in proc.stdout  # its share, said so
     result = read_results(out / "results.json")
     assert result.status == "complete" and len(result.matrix) == 3
     assert all(cell is not None and cell.n == 8 for row in result.matrix for cell in row)
