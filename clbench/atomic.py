@@ -55,9 +55,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def _naming(exc: OSError, target: Path) -> OSError:
-    """`exc` about `target`: the user asked for that file, not for its temporary neighbour (the
-    CLI's one-line message names `filename`)."""
-    return type(exc)(exc.errno, exc.strerror, str(target))
+    """`exc`, now about `target`: the user asked for that file, not for its temporary neighbour
+    (the CLI's one-line message names `filename`)."""
+    exc.filename, exc.filename2 = str(target), None
+    return exc
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:

@@ -134,12 +134,18 @@ def absolute_model_name(name: str) -> str:
 def check_model_name(name: str) -> None:
     """Refuse a name that names no model: an unknown tiny-* model, or neither the embedded
     model, a local folder nor a hub id `owner/name`. Cheap (no download, no torch), so a suite
-    or `--model` is checked before a run claims its folder."""
+    or `--model` is checked before a run claims its folder. An absolute path passes: it is a
+    folder a run recorded, and one since removed matters only to what loads it (a complete
+    run's report, a sweep that skips it, do not)."""
     if name == EMBEDDED_MODEL or name in TINY_MODELS:
         return
     if name.startswith("tiny-"):
         raise ModelLoadError(f"unknown tiny model {name!r}; known: {', '.join(TINY_MODELS)}")
-    if not Path(name).expanduser().exists() and name.count("/") != 1:
+    try:
+        exists = Path(name).expanduser().exists()
+    except (RuntimeError, OSError):  # `~user` of an unknown user, an unreadable path
+        exists = False
+    if not exists and name.count("/") != 1 and not os.path.isabs(name):
         raise ModelLoadError(
             f"model {name!r} is neither {EMBEDDED_MODEL!r}, a tiny-* model "
             f"({', '.join(TINY_MODELS)}), an existing local folder, nor a hub id `owner/name`")

@@ -226,7 +226,8 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
                               for label, row in zip(r.row_labels, r.matrix)))
             out += ["", "Items per cell: " + ", ".join(
                 f"{c.name} {n}" for c, n in zip(r.columns, counts)) + "."]
-        out += ["", f"Compute: {compute_summary(r)}."]
+        of = "" if r.status == "complete" else " of the rows saved"
+        out += ["", f"Compute{of}: {compute_summary(r)}."]
         if (state := standing(where, r)) is not None:
             out += ["", f"Status: {state}."]
         if r.metrics:

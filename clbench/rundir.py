@@ -204,7 +204,7 @@ def _start_over_hint(run_dir: Path) -> str:
             return ""
         status = result.status
     return (f"it is {'a failed' if status == 'failed' else 'an unfinished'} run that completed no "
-            f"stage: delete it (rm -r {run_dir}) to start over there, or ")
+            f"stage: delete it (rm -r {shlex.quote(str(run_dir))}) to start over there, or ")
 
 
 def first_missing_folder(run_dir: Path) -> Path | None:
@@ -259,11 +259,14 @@ def _as_typed(diffs: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
     for path, there, now in diffs:
         if path.startswith(implied):
             continue
-        for internal, typed in (("method_config.", "method."), ("suite_spec.", "")):
+        # the suite file's own `model` is no `--set model.*` (that sets the run's model)
+        for internal, typed in (("method_config.", "method."), ("suite_spec.model.",
+                                                                "the suite's model."),
+                                ("suite_spec.", "")):
             if path.startswith(internal):
                 path = typed + path[len(internal):]
-        if (path, there, now) not in out:  # the suite's `model` and the run's model agree
-            out.append((path, there, now))
+                break
+        out.append((path, there, now))
     return out
 
 
@@ -273,7 +276,9 @@ def _sets_hint(stored: dict[str, Any], diffs: list[tuple[str, Any, Any]]) -> str
     predates the field. Another seed, method or suite is named, not hinted: that folder is
     most likely the wrong one."""
     if not all(path not in ("seed", "method", "suite", "joint", "suite_hash", "method_config")
-               and "(absent)" not in (there, now) for path, there, now in diffs):
+               and not path.startswith("the suite's model.")
+               and "(absent)" not in (there, now) and _set_value(there) is not None
+               for path, there, now in diffs):
         return ""
     from clbench import registry
     from clbench.engine.api import fields_before
@@ -285,14 +290,31 @@ def _sets_hint(stored: dict[str, Any], diffs: list[tuple[str, Any, Any]]) -> str
         unrecorded = set()
     sets = []
     for path, there, _ in diffs:
-        value = there if isinstance(there, str) else json.dumps(there)
-        sets.append("--set " + shlex.quote(f"{path}={value}"))
+        sets.append("--set " + shlex.quote(f"{path}={_set_value(there)}"))
     note = ""
     if unrecorded & {path.removeprefix("method.") for path, _, _ in diffs
                      if path.startswith("method.")}:
         note = (" (a setting this run predates and did not record: runs before it was added "
                 "behaved as shown 'there')")
     return f"to continue it, add {' '.join(sets)}{note}; or "
+
+
+def _set_value(value: Any) -> str | None:
+    """`value` as a `--set` VALUE that reads back as it (`"2"` for the string 2), or None when
+    it is no short scalar or list of scalars (a hint the user could not type)."""
+    from clbench.spec_reading import parse_override
+
+    scalars = (str, int, float, bool, type(None))
+    if not isinstance(value, scalars) and not (
+            isinstance(value, list) and all(isinstance(v, scalars) for v in value)):
+        return None
+    for text in ([value] if isinstance(value, str) else []) + [json.dumps(value)]:
+        try:
+            if parse_override(f"x={text}")[1] == value and len(text) <= 60:
+                return text
+        except UserError:
+            pass
+    return None
 
 
 def _short(value: Any) -> str:

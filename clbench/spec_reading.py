@@ -156,8 +156,8 @@ def parse_override(text: str, example: str = "stages[0].budget.steps=4"
         value = yaml.load(raw, Loader=_SafeLoader) if raw.strip() else ""
     except yaml.YAMLError as exc:
         if raw.strip()[0] not in "*&@`%":
-            raise SpecError(f"override {text!r}: value is not valid YAML (quote a string: "
-                            f"{key}=\"...\"): {exc}") from None
+            raise SpecError(f"override {text!r}: value is not valid YAML (a string may be "
+                            f"quoted: --set '{key}=\"...\"'): {exc}") from None
         value = raw
     if isinstance(value, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", value.strip()):
         value = float(value)  # YAML 1.1 reads `1e-5` as a string; users mean a number

@@ -203,6 +203,10 @@ def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | No
             continue
         problems += [f"{prefix}{where}.{problem}" for problem in
                      _size_problems(task, trained, suite.protocol.eval_size)]
+    try:
+        check_model_name(suite.model.name)
+    except SpecError as exc:
+        problems.append(f"{prefix}model.name: {exc}")
     base = Path(source).parent if source else None
     for i, probe in enumerate(suite.probes):
         include = probe.lm_eval.include_path if probe.lm_eval else None

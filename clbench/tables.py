@@ -17,7 +17,7 @@ def print_uncut(console: Console, table: Table) -> None:
         console.print(table)
         return
     natural = console.measure(table, options=console.options.update_width(1 << 20)).maximum
-    fitted = console.width  # not a terminal: a fixed width (80, or $COLUMNS), never resized
+    fitted = console.width  # not a terminal: a width rich assumed ($COLUMNS, or 80)
     console.width = max(fitted, natural)
     try:
         console.print(table)

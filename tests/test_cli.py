@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -49,8 +50,13 @@ def test_list_methods_and_tasks(fake_plugins) -> None:
     row = next(line for line in tasks.output.splitlines() if "fake.addition" in line)
     assert [w for w in ("math", "offline", "Apache-2.0", "fake-dist") if w not in row] == []
     assert "Add two numbers (test source)." in row
+    # into a pipe, one row per task whatever the width rich assumes there
+    piped = invoke("list", "tasks", env={"COLUMNS": "80"}).output.splitlines()
+    assert "Add two numbers (test source)." in next(line for line in piped
+                                                     if "fake.addition" in line)
     # An 80-column terminal keeps every column; the description moves under the name.
-    narrow = invoke("list", "tasks", env={"COLUMNS": "80"}).output.splitlines()
+    shown = invoke("list", "tasks", env={"COLUMNS": "80", "FORCE_COLOR": "1"}).output
+    narrow = re.sub(r"\x1b\[[0-9;]*m", "", shown).splitlines()  # without its colours
     i = next(i for i, line in enumerate(narrow) if "fake.addition" in line)
     assert [w for w in ("math", "offline", "Apache-2.0", "fake-dist") if w not in narrow[i]] == []
     assert narrow[i + 1].strip() == "Add two numbers (test source)."

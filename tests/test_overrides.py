@@ -38,8 +38,8 @@ def test_parse_override(text: str, path: list, value: object) -> None:
     ("[0].name=1", "must start with a field name"),
     ("stages[0]name=1", "cannot parse near 'name'"),
     ("name=!!python/object/apply:os.system [ls]", "value is not valid YAML"),
-    ("protocol.metrics=[acc, bwt", "value is not valid YAML (quote a string: "
-                                   "protocol.metrics=\"...\")"),
+    ("protocol.metrics=[acc, bwt", "value is not valid YAML (a string may be quoted: "
+                                   "--set 'protocol.metrics=\"...\"')"),
 ])
 def test_bad_override_syntax(text: str, message: str) -> None:
     with pytest.raises(SpecError, match=re.escape(message)):

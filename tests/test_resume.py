@@ -246,6 +246,7 @@ def test_report_says_where_a_run_that_is_not_complete_stands(tmp_path: Path) -> 
     markdown = Console(file=io.StringIO(), width=300)
     report([out], console=markdown, as_markdown=True)
     assert f"Status: {expected}." in markdown.file.getvalue()
+    assert "Compute of the rows saved: 0:00:" in markdown.file.getvalue()
     result.status, result.error = "failed", "stage 2: RuntimeError: out of memory"
     write_results(out / "results.json", result)
     copied = tmp_path / "copied.json"  # out of its folder: only what the file says

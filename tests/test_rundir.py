@@ -114,13 +114,39 @@ def test_a_changed_budget_is_named_not_hashed(tmp_path: Path) -> None:
     steps = run.suite.stages[0].budget.steps
     assert (f"holds another run (stages[0].budget.steps: {steps} there, 7 now); to continue "
             f"it, add --set 'stages[0].budget.steps={steps}'; or ") in str(err.value)
-    with_metrics, config = _run(tmp_path, "protocol.metrics=[acc]")
+    # a string YAML would read as a number is quoted, so the hint gives back that very string
+    versioned, config = _run(tmp_path, "version=\"2\"")
     with pytest.raises(RunDirError) as err:
-        check_run_dir(tmp_path / "run", run_identity(with_metrics, config), resume=True)
-    there = json.dumps(run.suite.protocol.metrics)  # a list: quoted for the shell
-    assert f"add --set 'protocol.metrics={there}'; or" in str(err.value)
+        check_run_dir(tmp_path / "run", run_identity(versioned, config), resume=True)
+    assert f"""add --set 'version="{run.suite.version}"'; or""" in str(err.value)
     from clbench.spec_reading import parse_override
-    assert parse_override(f"protocol.metrics={there}")[1] == run.suite.protocol.metrics
+    assert parse_override(f'version="{run.suite.version}"')[1] == run.suite.version
+    with pytest.raises(RunDirError) as err:  # the default metrics: too long a list to type
+        check_run_dir(tmp_path / "run", run_identity(*_run(tmp_path, "protocol.metrics=[acc]")),
+                      resume=True)
+    assert "protocol.metrics: " in str(err.value) and "--set" not in str(err.value)
+    two, two_config = _run(tmp_path, "protocol.metrics=[acc, bwt]")
+    (tmp_path / "run" / IDENTITY_FILE).unlink()
+    _write(tmp_path / "run", run_identity(two, two_config))
+    with pytest.raises(RunDirError) as err:
+        check_run_dir(tmp_path / "run", run_identity(*_run(tmp_path, "protocol.metrics=[acc]")),
+                      resume=True)
+    assert """add --set 'protocol.metrics=["acc", "bwt"]'; or""" in str(err.value)  # quoted
+    assert parse_override('protocol.metrics=["acc", "bwt"]')[1] == ["acc", "bwt"]
+
+
+def test_the_suite_files_own_model_is_named_apart_and_not_hinted(tmp_path: Path) -> None:
+    """`--set model.*` sets the run's model, not the `model:` of the suite file: when the file's
+    model changed, a hint to set it would only come back refused."""
+    run, config = _run(tmp_path)
+    _write(tmp_path / "run", run_identity(run, config))
+    now = run_identity(run, config)
+    now["suite_spec"]["model"]["name"] = "tiny-qwen2"  # the suite file now names another model
+    with pytest.raises(RunDirError) as err:
+        check_run_dir(tmp_path / "run", now, resume=True)
+    message = str(err.value)
+    assert f"the suite's model.name: {run.suite.model.name} there, tiny-qwen2 now" in message
+    assert "--set" not in message
 
 
 def test_an_identity_without_the_suite_reads_it_from_results(tmp_path: Path) -> None:

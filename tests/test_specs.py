@@ -209,6 +209,31 @@ def test_plugin_params_are_validated_with_their_path(write_suite, fake_plugins) 
     assert len(lines) == 3
 
 
+def test_a_suite_model_that_names_no_model_is_reported_with_the_file(write_suite,
+                                                                    fake_plugins) -> None:
+    path = write_suite("""\
+        name: tiny
+        model: {name: tiny-foo}
+        stages:
+          - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
+        """)
+    with pytest.raises(SpecError, match=f"^{path}: model.name: unknown tiny model 'tiny-foo'"):
+        validate_suite_plugins(load_suite(path), path)
+
+
+def test_model_names_checked_without_loading(tmp_path: Path) -> None:
+    from clbench.models import check_model_name
+
+    for fine in ("smollm2-135m", "tiny-llama", "Qwen/Qwen3-4B", str(tmp_path),
+                 str(tmp_path / "removed-since"),  # absolute: a folder a run recorded
+                 "~nosuchuser/model"):  # hub-id shaped; an unknown ~user is no crash
+        check_model_name(fine)
+    for wrong, message in (("tiny-foo", "unknown tiny model"), ("nohub", "neither"),
+                           ("models/removed/since", "neither")):
+        with pytest.raises(SpecError, match=message):
+            check_model_name(wrong)
+
+
 def test_missing_lm_eval_include_path_is_reported(write_suite, fake_plugins) -> None:
     path = write_suite("""\
         name: tiny

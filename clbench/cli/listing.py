@@ -39,7 +39,9 @@ def list_command(what: str) -> None:
     from clbench import registry
 
     group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
-    print_uncut(console, catalog.plugins_table(what, registry.list_plugins(group), console.width))
+    # into a pipe: one row per plugin, whatever width rich assumes there
+    width = console.width if console.is_terminal else 1 << 20
+    print_uncut(console, catalog.plugins_table(what, registry.list_plugins(group), width))
 
 
 # ---------------------------------------------------------------------------------------------
