@@ -43,17 +43,23 @@ def render_transcript(messages: Sequence[dict[str, str]]) -> str:
     return "\n\n".join(parts) + "\n\nAssistant:"
 
 
-def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
+def export_lm_eval(suite: Any, out_dir: str | Path,
+                   removed: list[Path] | None = None) -> list[Path]:
     """Write every clbench task of `suite` (stages and task probes) as an lm-eval task.
 
     Per column: `<suite>_<column>.yaml` and `<suite>_<column>.jsonl` (the same eval items the
     protocol evaluates), plus one shared `utils.py`. The tasks are `generate_until` with the
     protocol's greedy decoding; `process_results` grades with the clbench grader and reports
     `acc` (fraction correct) and `reward`. Returns the YAML paths.
+
+    Each file is written atomically. The folder may hold other suites' exports; an earlier
+    export of this suite's columns that the suite no longer has is deleted (its YAML and items;
+    their paths are appended to `removed`), or the suite's tag would still run it.
     """
     import json
 
     from clbench import registry
+    from clbench.atomic import atomic_write_text
 
     out = Path(out_dir).resolve()
     columns = [(s.name, s.task, f"stages[{i}].task.params") for i, s in enumerate(suite.stages)]
@@ -82,13 +88,11 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
     for column, spec, _ in columns:
         name = names[column]
         data = out / f"{name}.jsonl"
-        with open(data, "w", encoding="utf-8") as fh:
-            for ex in items[column]:
-                fh.write(json.dumps({
-                    "id": ex.id, "prompt": render_transcript(ex.messages),
-                    "messages": ex.messages, "reference": ex.reference, "answer": ex.answer,
-                    "metadata": ex.metadata, "source": spec.source, "params": spec.params},
-                    ensure_ascii=False) + "\n")
+        atomic_write_text(data, "".join(json.dumps({
+            "id": ex.id, "prompt": render_transcript(ex.messages), "messages": ex.messages,
+            "reference": ex.reference, "answer": ex.answer, "metadata": ex.metadata,
+            "source": spec.source, "params": spec.params}, ensure_ascii=False) + "\n"
+            for ex in items[column]))
         config = {
             "task": name, "tag": [f"clbench_{suite.name}".replace("-", "_")],
             # lm-eval would resolve a relative `data_files` against the working directory, so
@@ -107,12 +111,32 @@ def export_lm_eval(suite: Any, out_dir: str | Path) -> list[Path]:
                          "suite_hash": suite.content_hash(), "column": column},
         }
         path = out / f"{name}.yaml"
-        header = f"# exported by clbench from suite {suite.name!r}, column {column!r}\n"
-        path.write_text(header + yaml.dump(config, Dumper=TaskYamlDumper, sort_keys=False),
-                        encoding="utf-8")
+        atomic_write_text(path, _header(suite.name) + f"column {column!r}\n"
+                          + yaml.dump(config, Dumper=TaskYamlDumper, sort_keys=False))
         written.append(path)
-    (out / "utils.py").write_text(_UTILS, encoding="utf-8")
+    atomic_write_text(out / "utils.py", _UTILS)
+    for stale in sorted(out.glob("*.yaml")):
+        if stale not in written and _first_line(stale).startswith(_header(suite.name)):
+            for path in (stale, stale.with_suffix(".jsonl")):
+                if path.exists():
+                    path.unlink()
+                    if removed is not None:
+                        removed.append(path)
     return written
+
+
+def _header(suite_name: str) -> str:
+    """How an exported task's YAML starts (then `column '<name>'`): what marks an earlier
+    export of the same suite."""
+    return f"# exported by clbench from suite {suite_name!r}, "
+
+
+def _first_line(path: Path) -> str:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline()
+    except (OSError, UnicodeDecodeError):  # not an export of ours: left alone
+        return ""
 
 
 def _shipped_task_names() -> set[str]:

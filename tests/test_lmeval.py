@@ -362,6 +362,31 @@ def test_export_refuses_two_columns_that_would_share_a_task_name(tmp_path: Path)
     assert list((tmp_path / "export").glob("*")) == []  # refused before anything is written
 
 
+def test_export_again_removes_columns_the_suite_no_longer_has_and_nothing_else(
+        tmp_path: Path) -> None:
+    """The suite's tag would still run a column an earlier export left behind; another suite's
+    export and other files in the folder stay."""
+    from test_protocol import PLUGINS, SUITE
+
+    data = yaml.safe_load(SUITE)
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "notes.yaml").write_text("# mine\n")
+    with registry.extra_plugins(**PLUGINS):
+        other = SuiteSpec.model_validate({**data, "name": "echo-other"})  # 'echo' + a suffix
+        export_lm_eval(other, out)
+        export_lm_eval(SuiteSpec.model_validate(data), out)
+        data["probes"] = [{**data["probes"][0], "name": "every"}]  # `all` renamed
+        removed: list[Path] = []
+        export_lm_eval(SuiteSpec.model_validate(data), out, removed)
+    assert removed == [out / "clbench_echo_all.yaml", out / "clbench_echo_all.jsonl"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["notes.yaml", "utils.py"] + [f"clbench_echo_{c}.{ext}" for c in ("low", "high", "every")
+                                      for ext in ("yaml", "jsonl")]
+        + [f"clbench_echo_other_{c}.{ext}" for c in ("low", "high", "all")
+           for ext in ("yaml", "jsonl")])
+
+
 def test_export_writes_nothing_when_a_column_cannot_be_built(tmp_path: Path) -> None:
     from clbench.errors import UserError
 

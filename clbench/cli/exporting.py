@@ -38,10 +38,13 @@ def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) 
     path = resolve_suite(suite_ref)
     suite = load_suite(path, parse_sets(sets))
     validate_suite_plugins(suite, path)
-    written = export_lm_eval(suite, out_dir)
+    removed: list[Path] = []
+    written = export_lm_eval(suite, out_dir, removed)
     console = stdout_console()
     for p in written:
         console.print(f"wrote {p}")
+    for p in removed:
+        console.print(f"removed {p} (an earlier export of a column the suite no longer has)")
     console.print(f"{len(written)} lm-eval tasks (tag clbench_{suite.name.replace('-', '_')}) "
                   f"in {out_dir}")
 
