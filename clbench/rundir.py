@@ -309,11 +309,9 @@ def _set_value(value: Any) -> str | None:
             isinstance(value, list) and all(isinstance(v, scalars) for v in value)):
         return None
     for text in ([value] if isinstance(value, str) else []) + [json.dumps(value)]:
-        try:
+        with contextlib.suppress(UserError):  # not YAML as written: try it JSON-quoted
             if parse_override(f"x={text}")[1] == value and len(text) <= 60:
                 return text
-        except UserError:
-            pass
     return None
 
 
