@@ -250,8 +250,9 @@ def _differences(found: Any, wanted: Any, path: str = "") -> list[tuple[str, Any
 
 def _as_typed(diffs: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
     """The differences as a user would name them: fields by their `--set` spelling
-    (`method.lr`, `stages[1].budget.steps`), once each; under another method or suite, that
-    alone (its config or content differs as a consequence)."""
+    (`method.lr`, `stages[1].budget.steps`; the suite file's own model as `the suite's
+    model.X`); under another method or suite, that alone (its config or content differs as a
+    consequence)."""
     names = {path for path, _, _ in diffs}
     implied = tuple(p for key, p in (("method", "method_config."), ("suite", "suite_spec."))
                     if key in names)
