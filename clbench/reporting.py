@@ -74,14 +74,19 @@ def compute_summary(result: RunResult) -> str:
     return "; ".join(parts)
 
 
+def compute_heading(result: RunResult) -> str:
+    """`compute`, or for a run not complete `compute of the rows saved`: its training and the
+    row in progress are not counted until saved."""
+    return "compute" if result.status == "complete" else "compute of the rows saved"
+
+
 def print_summary(console: Console, result: RunResult) -> None:
     """The matrix, then the headline metrics with their variants, then the compute."""
     from rich.table import Table
 
     print_uncut(console, matrix_table(result))
-    # a run not complete: its training and rows in progress are not counted until saved
-    of = "" if result.status == "complete" else " of the rows saved"
-    console.print(f"[dim]compute{of}: {escape(compute_summary(result))}[/]", soft_wrap=True)
+    console.print(f"[dim]{compute_heading(result)}: {escape(compute_summary(result))}[/]",
+                  soft_wrap=True)
     if not result.metrics:
         return
     table = Table(title="metrics (single run: n = 1)")
@@ -226,8 +231,7 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
                               for label, row in zip(r.row_labels, r.matrix)))
             out += ["", "Items per cell: " + ", ".join(
                 f"{c.name} {n}" for c, n in zip(r.columns, counts)) + "."]
-        of = "" if r.status == "complete" else " of the rows saved"
-        out += ["", f"Compute{of}: {compute_summary(r)}."]
+        out += ["", f"{compute_heading(r).capitalize()}: {compute_summary(r)}."]
         if (state := standing(where, r)) is not None:
             out += ["", f"Status: {state}."]
         if r.metrics:

@@ -263,10 +263,12 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
         model_data["name"] = model
     model_data = apply_overrides(model_data, model_sets)
     model_spec = _validate_at(ModelSpec, model_data, "model")
-    try:
-        check_model_name(model_spec.name)
-    except SpecError as exc:
-        raise SpecError(f"{'--model' if model is not None else 'model.name'}: {exc}") from None
+    if model_spec.name != suite.model.name:  # the suite's own was checked with the suite
+        try:
+            check_model_name(model_spec.name)
+        except SpecError as exc:
+            raise SpecError(f"{'--model' if model is not None else 'model.name'}: {exc}") \
+                from None
     model_spec = model_spec.model_copy(update={"name": absolute_model_name(model_spec.name)})
 
     params = apply_overrides({}, method_sets)
