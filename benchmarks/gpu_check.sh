@@ -11,13 +11,16 @@
 #
 # Environment: PYTHON (default python3), DEVICE (default cuda), STARTER_SUITE (default starter),
 # STARTER_TIMEOUT (seconds for the whole grid, default 3600), STARTER_SEEDS (default "0 1"), STARTER_SETS
-# (extra --set overrides for the starter runs, default below), JOBS (runs at once, default 5).
+# (extra --set overrides for the starter runs, default below), JOBS (runs at once, default 5),
+# METHODS (default "sft grpo sdpo sdpo-cot stable-sdpo"; the sweep starts runs in this order, so
+# put the slowest first when the time limit is short), STEP_PRECISIONS (the steps phase's
+# precisions, comma-separated, default "bfloat16,bfloat16 --no-mixed,float32").
 set -uo pipefail
 OUT=${1:-runs/gpu-check}
 PHASES=${2:-smoke,steps,starter}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
-METHODS=(sft grpo sdpo sdpo-cot stable-sdpo)
+read -r -a METHODS <<<"${METHODS:-sft grpo sdpo sdpo-cot stable-sdpo}"
 # fp32 without autocast, as docs/results-starter.md was measured (the default on a GPU is bf16
 # autocast over fp32 weights). Evaluation batch 100: one generate call per column.
 STARTER_SETS=${STARTER_SETS:-"model.dtype=float32 protocol.decoding.batch_size=100"}
@@ -55,7 +58,8 @@ if [[ $PHASES == *smoke* ]]; then
 fi
 
 if [[ $PHASES == *steps* ]]; then
-    for precision in "bfloat16" "bfloat16 --no-mixed" "float32"; do
+    IFS=, read -r -a precisions <<<"${STEP_PRECISIONS:-bfloat16,bfloat16 --no-mixed,float32}"
+    for precision in "${precisions[@]}"; do
         echo "== seconds per step, embedded model, --dtype $precision on $DEVICE"
         # shellcheck disable=SC2086  # "bfloat16 --no-mixed" is two words on purpose
         "$PY" benchmarks/step_time.py --device "$DEVICE" --dtype $precision --steps 3 \
