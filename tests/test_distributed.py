@@ -22,7 +22,7 @@ from clbench.engine.distributed import Distributed, eval_share, resolve_precisio
 from clbench.engine.onpolicy import OnPolicyTrainer
 from clbench.engine.optim import OptimizerSettings, rank_share, step_examples
 from clbench.errors import UserError
-from clbench.models import ModelLoadError, load_model
+from clbench.models import ModelLoadError, cpu_supports_bf16, load_model
 from clbench.results import read_results
 
 # ---------------------------------------------------------------------------------------------
@@ -374,10 +374,13 @@ def test_two_process_smoke_run_matches_one_process_row_0(tmp_path: Path, method:
     assert result.status == "complete" and len(result.matrix) == 3
     assert all(cell is not None and cell.n == 8 for row in result.matrix for cell in row)
     assert result.model.resolved["num_processes"] == 2
-    assert result.model.resolved["precision"] == "fp32"
+    # `auto` resolves by the CPU: bf16 autocast where it computes bf16 natively, else fp32
+    precision = "bf16-mixed" if cpu_supports_bf16() else "fp32"
+    assert result.model.resolved["precision"] == precision
     assert "stage 2: checkpoint after step 1 of 2" in (out / "run.log").read_text()
     one = read_results(single / "results.json")
     assert one.model.resolved["num_processes"] == 1
+    assert one.model.resolved["precision"] == precision
     for run in (result, one):  # both rows 0 were evaluated, not taken from the cache
         assert not run.artifacts.get("base_row", {}).get("reused", False)
     # Row 0 (same model, items split over the ranks and gathered back in order) is the
