@@ -90,7 +90,8 @@ def main() -> None:
         else platform.processor() or platform.machine()
     print(f"# {where}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, 4 prompts x 4 samples x 48 tokens")
-    print("| method | dtype | s/step | " + " | ".join(PHASES) + " | teacher (in backward) | gen tok/step |")
+    print("| method | dtype | s/step | " + " | ".join(PHASES)
+          + " | teacher (in backward) | gen tok/step |")
     print("|---|---|---|" + "---|" * (len(PHASES) + 2))
     for row in rows:
         if "error" in row:
