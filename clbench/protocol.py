@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -361,14 +362,23 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
         log.exception("run failed")
         raise
     result.status = "complete"
-    if not run.joint:  # a joint run is the reference of other runs' intransigence
-        fill_metrics(result, run)
-    account_compute(result, clock.lap(), device)
-    if main:
-        write_results(run_dir / RESULTS_FILENAME, result)
-        shutil.rmtree(run_dir / "work", ignore_errors=True)
-    dist.wait()
-    print_summary(console, result)
+    written = False
+    try:
+        if not run.joint:  # a joint run is the reference of other runs' intransigence
+            fill_metrics(result, run)
+        account_compute(result, clock.lap(), device)
+        if main:
+            write_results(run_dir / RESULTS_FILENAME, result)
+            written = True
+            shutil.rmtree(run_dir / "work", ignore_errors=True)
+        dist.wait()
+        print_summary(console, result)
+    except KeyboardInterrupt as exc:  # after the last row: say whether the results are complete
+        log.warning("%s after the last row", stop_of(exc)[0])
+        detail = (f"the run had completed: clbench report {shlex.quote(str(run_dir))} prints it"
+                  if written else "every row of R is saved; the same command plus --resume "
+                  "completes the results")
+        raise RunInterrupted.after(exc, detail) from None
     return result
 
 

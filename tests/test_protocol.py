@@ -240,6 +240,42 @@ def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "holds no clbench run" in res.output.replace("\n", " ")
 
 
+@pytest.mark.parametrize("stopped_in", ["fill_metrics", "print_summary"])
+def test_ctrl_c_after_the_last_row_says_whether_the_run_completed(tmp_path: Path, monkeypatch,
+                                                                  stopped_in: str) -> None:
+    from clbench import protocol
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 2"))
+    out = tmp_path / "run"
+    args = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--out", str(out),
+            "--device", "cpu"]
+
+    def ctrl_c(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(protocol, stopped_in, ctrl_c)
+        res = run_cli(args)
+    said = " ".join(res.output.split())
+    assert res.exit_code == 130 and "Traceback" not in res.output
+    stored = read_results(out / "results.json")
+    assert len(stored.matrix) == 3  # every row of R was saved before the stop
+    if stopped_in == "print_summary":  # results written: nothing is left to do
+        assert f"interrupted; the run had completed: clbench report {out} prints it" in said
+        assert stored.status == "complete" and stored.metrics["acc"].value is not None
+        return
+    assert "interrupted; every row of R is saved; the same command plus --resume completes " \
+        "the results" in said
+    assert stored.status == "partial" and not stored.metrics
+    resumed = run_cli(args + ["--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    done = read_results(out / "results.json")
+    assert done.status == "complete" and done.matrix == stored.matrix  # nothing trained again
+    R = done.score_matrix()
+    assert done.metrics["acc"].value == pytest.approx((R[2][0] + R[2][1]) / 2)
+    assert (out / "run.log").read_text().count("stage 2 step") == 2
+
+
 def test_sweep_skips_complete_runs_and_report_aggregates(tmp_path: Path) -> None:
     from clbench.sweep import sweep
     from clbench.reporting import report
