@@ -7,6 +7,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+# A width no table reaches: what the natural width of a table is measured against.
+UNLIMITED_WIDTH = 1 << 20
+
 
 def print_uncut(console: Console, table: Table) -> None:
     """Print a table with no header or cell cut short. On a terminal rich fits it to the
@@ -16,7 +19,8 @@ def print_uncut(console: Console, table: Table) -> None:
     if console.is_terminal:
         console.print(table)
         return
-    natural = console.measure(table, options=console.options.update_width(1 << 20)).maximum
+    options = console.options.update_width(UNLIMITED_WIDTH)
+    natural = console.measure(table, options=options).maximum
     fitted = console.width  # not a terminal: a width rich assumed ($COLUMNS, or 80)
     console.width = max(fitted, natural)
     try:

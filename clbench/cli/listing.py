@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from clbench.cli.app import ClbenchGroup, cli, parse_sets, stderr_console, stdout_console
 from clbench.errors import UserError
-from clbench.tables import print_uncut
+from clbench.tables import UNLIMITED_WIDTH, print_uncut
 
 # ---------------------------------------------------------------------------------------------
 # clbench list
@@ -40,7 +40,7 @@ def list_command(what: str) -> None:
 
     group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
     # into a pipe: one row per plugin, whatever width rich assumes there
-    width = console.width if console.is_terminal else 1 << 20
+    width = console.width if console.is_terminal else UNLIMITED_WIDTH
     print_uncut(console, catalog.plugins_table(what, registry.list_plugins(group), width))
 
 
