@@ -9,7 +9,9 @@ markdown table (the one in docs/tasks.md).
     python benchmarks/calibrate_tasks.py starter --n 200 --batch-size 16
 
 Columns can be restricted with `--columns math,science`; `--set` overrides suite fields as on
-the CLI (e.g. `--set stages[0].task.params.digits=3`) to try difficulty settings.
+the CLI (e.g. `--set stages[0].task.params.digits=3`) to try difficulty settings. The table
+also says which share of completions close a `</think>` reasoning block (the tasks' `think`
+format).
 """
 
 from __future__ import annotations
@@ -93,10 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.time() - t
         interval = cell.interval or {}
         no_answer = sum(1 for r in cell.records if r.feedback and r.feedback.startswith("No "))
+        closed = sum(1 for r in cell.records if "</think>" in r.completion)
         rows.append({"column": column, "role": role, "source": task_spec.source,
                      "params": task_spec.params, "n": cell.n, "accuracy": cell.score,
                      "low": interval.get("low"), "high": interval.get("high"),
-                     "no_answer": no_answer / max(cell.n, 1), "seconds": seconds})
+                     "no_answer": no_answer / max(cell.n, 1),
+                     "closed_think": closed / max(cell.n, 1), "seconds": seconds})
         print(f"{column}: {cell.score:.3f} over {cell.n} items in {seconds:.0f} s",
               file=sys.stderr)
         wrong = [(ex, r) for ex, r in zip(examples, cell.records) if not r.correct]
@@ -117,13 +121,14 @@ def render_table(rows: list[dict[str, Any]], model_name: str, max_new_tokens: in
     lines = [f"Greedy base accuracy of `{model_name}` (max_new_tokens {max_new_tokens}); "
              "interval: 95% bootstrap over items.", "",
              "| column | role | source | params | n | accuracy | 95% interval | no answer | "
-             "band |", "| --- | --- | --- | --- | ---: | ---: | --- | ---: | --- |"]
+             "closed </think> | band |",
+             "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | --- |"]
     for r in rows:
         params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "defaults"
         interval = (f"{r['low']:.2f}-{r['high']:.2f}" if r["low"] is not None else "-")
         lines.append(f"| {r['column']} | {r['role']} | `{r['source']}` | {params} | {r['n']} | "
                      f"{r['accuracy']:.3f} | {interval} | {r['no_answer']:.2f} | "
-                     f"{band_note(r['role'], r['accuracy'])} |")
+                     f"{r['closed_think']:.2f} | {band_note(r['role'], r['accuracy'])} |")
     return "\n".join(lines)
 
 

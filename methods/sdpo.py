@@ -4,20 +4,22 @@ For each prompt, n rollouts are sampled and graded exactly as for GRPO
 (:mod:`clbench.engine.onpolicy`). Then, per rollout:
 
 1. teacher context (:mod:`clbench.engine.teacher`): the first OTHER rollout of the prompt with
-   reward >= `demo_threshold` as a demonstration and/or the verifier's feedback on this rollout,
-   written into the last user turn with the reference templates; a rollout with neither gets no
-   loss;
-2. supervised tokens (:mod:`clbench.engine.supervision`): the answer part (`supervision:
-   answer`, SDPO) or every token (`all`, SDPO-CoT), optionally thinned by `mask_ratio`;
+   reward >= `demo_threshold` as a demonstration and/or the verifier's feedback on this rollout
+   (`feedback`: none by default, as the reference's paper runs), written into the last user
+   turn with the reference templates; a rollout with neither gets no loss;
+2. supervised tokens (:mod:`clbench.engine.supervision`): the response after the reasoning
+   block (`supervision: response`, SDPO), every token (`all`, SDPO-CoT) or the task's final line
+   (`final_line`, an ablation), optionally thinned by `mask_ratio`;
 3. the teacher network (:class:`clbench.engine.teacher.TeacherWeights`, `frozen` / `ema` /
    `live` / `refresh`) scores the student's OWN completion under the teacher context (no grad);
-4. loss = token mean over supervised tokens of divergence(student, teacher) times the detached
-   importance weight min(p_new / p_old, is_clip) (:mod:`clbench.engine.losses`).
+4. loss = :func:`clbench.engine.losses.sdpo_loss`: the token mean over supervised tokens of
+   divergence(student, teacher) times the detached importance weight min(p_new / p_old,
+   is_clip).
 
-The SDPO loss replaces the policy-gradient loss, as in the reference. Variants:
-``sdpo`` (answer supervision, frozen teacher: the paper's SDPO_0), ``sdpo-cot`` (all tokens,
-demonstration reasoning kept) and ``stable-sdpo`` (refresh-and-freeze teacher, period 40% of the
-stage's steps).
+The SDPO loss replaces the policy-gradient loss, as in the reference; the lr warms up over the
+reference's 10 steps. Variants: ``sdpo`` (response supervision, frozen teacher: the paper's
+SDPO_0), ``sdpo-cot`` (every token, demonstration reasoning kept) and ``stable-sdpo``
+(refresh-and-freeze teacher, period 40% of the stage's steps).
 """
 
 from __future__ import annotations
@@ -26,17 +28,20 @@ import time
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clbench.engine.api import VALUE_BEFORE_FIELD, StageReport
 from clbench.engine.logprobs import completion_distributions, completion_logprobs
-from clbench.engine.losses import (distillation_per_token, importance_weight,
-                                   topk_logprob_divergence)
+from clbench.engine.losses import DistillationScores, sdpo_loss
 from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings, OnPolicyTrainer,
-                                     RolloutBatch, pad_to)
+                                     RolloutBatch)
 from clbench.engine.supervision import completion_supervision, random_token_mask
-from clbench.engine.teacher import TeacherWeights, fit_teacher_context, plan_teacher_contexts
+from clbench.engine.teacher import (TeacherWeights, fit_teacher_context, plan_teacher_contexts,
+                                    verifier_feedback)
 from clbench.tasks.base import seeded_rng
+
+Supervision = Literal["response", "all", "final_line"]
+Feedback = Literal["none", "format", "rich"]
 
 
 class SDPOConfig(OnPolicySettings):
@@ -44,6 +49,11 @@ class SDPOConfig(OnPolicySettings):
 
     lr: float = Field(default=1e-5, gt=0.0, description="Peak learning rate (reference: 1e-5). "
                       "A stage budget's `lr` overrides it.")
+    warmup_steps: int = Field(
+        default=10, ge=0, json_schema_extra={VALUE_BEFORE_FIELD: 0},
+        description="Linear warm-up of every stage from 0 to `lr` over this many optimizer "
+        "steps (the reference: 10; step s takes lr * s / 10, so the first step only "
+        "initialises AdamW's moments); at most the stage's steps - 1.")
     divergence: Literal["sampled_token", "topk", "full"] = Field(
         default="topk", description="Per-token divergence: `topk` (student's top-k tokens plus a "
         "tail bucket, generalised JSD; the reference), `full` (whole vocabulary) or "
@@ -68,8 +78,12 @@ class SDPOConfig(OnPolicySettings):
                                     "ceil(fraction * steps).")
     demo_threshold: float = Field(default=0.5, ge=0.0, le=1.0, description="A sibling rollout "
                                   "with reward >= this is a demonstration.")
-    use_feedback: bool = Field(default=True, description="Put the verifier's feedback on a failed "
-                               "rollout into its teacher context.")
+    feedback: Feedback = Field(
+        default="none", json_schema_extra={VALUE_BEFORE_FIELD: "rich"},
+        description="Verifier feedback in a failed rollout's teacher context: `none` (the "
+        "reference's paper runs), `format` (only a cut-off response or one without a readable "
+        "answer is told so, as the reference's math verifier) or `rich` (every message, wrong "
+        "values included: \"Your answer 41 is wrong.\").")
     feedback_with_demo: bool = Field(
         default=False, json_schema_extra={VALUE_BEFORE_FIELD: True},
         description="Also give feedback to a failed rollout that has a demonstration. Off, as "
@@ -80,10 +94,12 @@ class SDPOConfig(OnPolicySettings):
                                          "succeeded (privileged context).")
     strip_demo_reasoning: bool = Field(default=True, description="Remove <think>...</think> from "
                                        "demonstrations before inserting them.")
-    supervision: Literal["answer", "all"] = Field(
-        default="answer", description="Which completion tokens get a target: `answer` (tokens "
-        "from the task's answer start on: after </think>, else the last line) or `all` "
-        "(chain of thought included).")
+    supervision: Supervision = Field(
+        default="response", description="Which completion tokens get a target: `response` "
+        "(everything after the reasoning block `</think>`, the whole completion without one; "
+        "the reference), `all` (reasoning included; SDPO-CoT) or `final_line` (the task's "
+        "answer line only, e.g. the `\\boxed{}` line: an ablation, recorded as `answer` by "
+        "earlier runs).")
     supervise_eos: bool = Field(default=True, description="Give the end-of-sequence token that "
                                 "closes a completion a target (the references do); off, the "
                                 "decision to stop is left to the student.")
@@ -95,12 +111,28 @@ class SDPOConfig(OnPolicySettings):
         "end until it fits; a rollout whose prompt alone is longer gets no teacher. null: no "
         "limit.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _earlier_names(cls, data: Any) -> Any:
+        """Read settings recorded by earlier runs: `use_feedback: true/false` is `feedback:
+        rich/none`, `supervision: answer` is `final_line` (what they did)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "use_feedback" in data:
+            used = data.pop("use_feedback")
+            data["feedback"] = ("rich" if used else "none") if isinstance(used, bool) else used
+        if data.get("supervision") == "answer":
+            data["supervision"] = "final_line"
+        return data
+
 
 class SDPOCoTConfig(SDPOConfig):
     """SDPO-CoT: every completion token is supervised and demonstrations keep their reasoning."""
 
-    supervision: Literal["answer", "all"] = Field(
-        default="all", description="Which completion tokens get a target (SDPO-CoT: `all`).")
+    supervision: Supervision = Field(
+        default="all", description="Which completion tokens get a target (SDPO-CoT: `all`, the "
+        "reasoning included; see sdpo's `supervision`).")
     strip_demo_reasoning: bool = Field(default=False, description="Remove <think>...</think> "
                                        "from demonstrations (SDPO-CoT keeps it).")
 
@@ -161,14 +193,15 @@ class SDPOObjective(Objective):
     def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
         cfg, ctx = self.config, trainer.ctx
         n = batch.group_size
+        feedbacks = [verifier_feedback(cfg.feedback, g.feedback, g.format_error, r.finished)
+                     for g, r in zip(batch.grades, batch.rollouts)]
         contexts = []
         for g, example in enumerate(batch.examples):
             rows = range(g * n, (g + 1) * n)
             contexts += plan_teacher_contexts(
                 example.messages, [float(batch.rewards[i]) for i in rows],
-                [batch.rollouts[i].text for i in rows], [batch.grades[i].feedback for i in rows],
-                threshold=cfg.demo_threshold, use_feedback=cfg.use_feedback,
-                feedback_with_demo=cfg.feedback_with_demo,
+                [batch.rollouts[i].text for i in rows], [feedbacks[i] for i in rows],
+                threshold=cfg.demo_threshold, feedback_with_demo=cfg.feedback_with_demo,
                 reference=example.reference if cfg.use_reference_solution else None,
                 strip_reasoning=cfg.strip_demo_reasoning)
         fitted = [fit_teacher_context(tc, batch.examples[i // n].messages, ctx.tokenizer,
@@ -187,16 +220,24 @@ class SDPOObjective(Objective):
             seeded_rng("sdpo.mask", ctx.seed, batch.step).getrandbits(63))
         supervised = random_token_mask(supervised, cfg.mask_ratio, generator)
         supervised &= batch.completion_mask
+        special = set(getattr(ctx.tokenizer, "all_special_ids", None) or [])
+        # responses that ended with EOS and whose EOS is supervised: where P(EOS) is logged
+        stops = [i for i, r in enumerate(batch.rollouts) if r.completion_ids
+                 and r.completion_ids[-1] in special and bool(supervised[i, r.num_tokens - 1])]
         batch.extra["contexts"] = contexts
         batch.extra["teacher_prompt_ids"] = [ids for _, ids, _ in fitted]
         batch.extra["supervised"] = supervised
         batch.extra["normalizer"] = int(supervised.sum())
+        batch.extra["stops"] = set(stops)
         total = max(int(batch.completion_mask.sum()), 1)
         size = max(batch.size, 1)
         return {
             "supervised_token_fraction": float(supervised.sum()) / total,
-            "teacher_active_fraction": sum(tc.active for tc in contexts) / size,
             "demo_fraction": sum(tc.demonstration is not None for tc in contexts) / size,
+            "feedback_only_fraction": sum(tc.demonstration is None and tc.feedback is not None
+                                          for tc in contexts) / size,
+            "no_teacher_fraction": sum(not tc.active for tc in contexts) / size,
+            "teacher_active_fraction": sum(tc.active for tc in contexts) / size,
             "reference_demo_fraction": sum(tc.source == "reference" for tc in contexts) / size,
             "feedback_fraction": sum(tc.feedback is not None for tc in contexts) / size,
             "teacher_prompt_cut_fraction": sum(cut for _, _, cut in fitted) / size,
@@ -214,63 +255,71 @@ class SDPOObjective(Objective):
             # trainer keeps the ranks' forwards in step, see `Objective.loss`).
             return torch.zeros(()), {}
         completions = [batch.rollouts[i].completion_ids for i in active]
+        student, teacher = self._scores(batch, active, trainer)
+        length = student.token_logprobs.shape[1]  # the longest of these rows' completions
+        mask = supervised[active][:, :length]
+        old = None if batch.old_logprobs is None else \
+            batch.old_logprobs[active][:, :length].to(student.token_logprobs.device)
+        terms = sdpo_loss(student, teacher, mask, old_logprobs=old, divergence=cfg.divergence,
+                          alpha=cfg.alpha, is_clip=cfg.is_clip, normalizer=batch.total_tokens)
+        teacher_prompts = batch.extra["teacher_prompt_ids"]
+        trainer.counters.add("teacher_tokens", sum(len(teacher_prompts[i]) + len(c)
+                                                   for i, c in zip(active, completions)))
+        # KL(student || teacher) estimated on the sampled tokens (they are drawn from the student)
+        log_ratio = (student.token_logprobs.detach() - teacher.token_logprobs).clamp(-20, 20)
+        stats = {"teacher_kl": float(batch.token_mean(log_ratio, mask)),
+                 "divergence_mean": float(batch.token_mean(terms.divergence.detach(), mask)),
+                 "importance_weight_mean": float(batch.token_mean(terms.weight, mask))}
+        stats.update(self._stop_probabilities(batch, active, student, teacher))
+        return batch.rank_term(terms.loss), stats
+
+    def _scores(self, batch: RolloutBatch, active: list[int], trainer: OnPolicyTrainer
+                ) -> tuple[DistillationScores, DistillationScores]:
+        """The student's scores of `active` rows' completions (with grad, through the prepared
+        student) and the teacher's under the teacher prompts (no grad), as the divergence needs:
+        sampled tokens only, the student's top-k support, or the whole vocabulary."""
+        cfg = self.config
+        completions = [batch.rollouts[i].completion_ids for i in active]
         student_prompts = [batch.rollouts[i].prompt_ids for i in active]
         teacher_prompts = [batch.extra["teacher_prompt_ids"][i] for i in active]
-        mask = supervised[active]
         common = {"temperature": batch.temperature, "chunk_size": trainer.chunk_size}
-
         if cfg.divergence == "sampled_token":
-            student = completion_logprobs(trainer.train_model, student_prompts, completions,
-                                          grad=True, **common)
-            student_logp = pad_to(student.logprobs, batch.length)
-            teacher_logp = self._teacher_token_logprobs(teacher_prompts, completions, batch,
-                                                        common)
-            per_token = distillation_per_token("sampled_token", student_logp=student_logp,
-                                               teacher_logp=teacher_logp)
-        else:
-            topk = cfg.topk if cfg.divergence == "topk" else None
-            student_d = completion_distributions(trainer.train_model, student_prompts, completions,
-                                                 topk=topk, grad=True, **common)
+            scored = completion_logprobs(trainer.train_model, student_prompts, completions,
+                                         grad=True, **common)
             started = time.perf_counter()
             with torch.no_grad():
-                teacher_d = completion_distributions(self.teacher.model, teacher_prompts,
-                                                     completions, indices=student_d.indices,
-                                                     **common)
+                by_teacher = completion_logprobs(self.teacher.model, teacher_prompts,
+                                                 completions, **common)
             self.teacher_seconds += time.perf_counter() - started
-            student_logp = pad_to(student_d.token_logprobs, batch.length)
-            teacher_logp = pad_to(teacher_d.token_logprobs, batch.length)
-            if topk is not None:
-                per_token = topk_logprob_divergence(student_d.logprobs, teacher_d.logprobs,
-                                                    alpha=cfg.alpha)
-            else:
-                per_token = distillation_per_token(
-                    "full", student_logits=student_d.logprobs, teacher_logits=teacher_d.logprobs,
-                    alpha=cfg.alpha)
-            per_token = pad_to(per_token, batch.length)
-        trainer.counters.add("teacher_tokens", sum(len(p) + len(c) for p, c in
-                                                   zip(teacher_prompts, completions)))
-
-        if batch.old_logprobs is None:
-            old = student_logp.detach()
-        else:
-            old = batch.old_logprobs[active].to(student_logp.device)
-        weight = importance_weight(student_logp, old, cfg.is_clip)
-        # a token mean over the step's supervised tokens, every rank's (`supervised_tokens`)
-        loss = batch.token_mean(per_token * weight, mask)
-        # KL(student || teacher) estimated on the sampled tokens (they are drawn from the student)
-        log_ratio = (student_logp.detach() - teacher_logp).clamp(-20, 20)
-        stats = {"teacher_kl": float(batch.token_mean(log_ratio, mask)),
-                 "divergence_mean": float(batch.token_mean(per_token.detach(), mask)),
-                 "importance_weight_mean": float(batch.token_mean(weight, mask))}
-        return loss, stats
-
-    def _teacher_token_logprobs(self, prompts: list[list[int]], completions: list[list[int]],
-                                batch: RolloutBatch, common: dict) -> torch.Tensor:
+            return DistillationScores(scored.logprobs), DistillationScores(by_teacher.logprobs)
+        topk = cfg.topk if cfg.divergence == "topk" else None
+        student = completion_distributions(trainer.train_model, student_prompts, completions,
+                                           topk=topk, grad=True, **common)
         started = time.perf_counter()
         with torch.no_grad():
-            scored = completion_logprobs(self.teacher.model, prompts, completions, **common)
+            teacher = completion_distributions(self.teacher.model, teacher_prompts, completions,
+                                               indices=student.indices, **common)
         self.teacher_seconds += time.perf_counter() - started
-        return pad_to(scored.logprobs, batch.length)
+        return (DistillationScores(student.token_logprobs, student.logprobs),
+                DistillationScores(teacher.token_logprobs, teacher.logprobs))
+
+    @staticmethod
+    def _stop_probabilities(batch: RolloutBatch, active: list[int], student: DistillationScores,
+                            teacher: DistillationScores) -> dict[str, float]:
+        """Student's and teacher's P(EOS) where supervised responses ended, as this rank's part
+        of the mean over the batch's such responses (summed over micro-batches)."""
+        stops: set[int] = batch.extra["stops"]
+        count = max(len(stops), 1)
+        ended = [(j, batch.rollouts[i].num_tokens - 1) for j, i in enumerate(active) if i in stops]
+        if not ended:
+            return {}
+        rows = torch.tensor([j for j, _ in ended])
+        cols = torch.tensor([t for _, t in ended])
+
+        def mean_p(scores: DistillationScores) -> float:
+            return float(scores.token_logprobs.detach()[rows, cols].exp().sum()) / count
+
+        return {"student_eos_prob": mean_p(student), "teacher_eos_prob": mean_p(teacher)}
 
     def supervised_tokens(self, batch: RolloutBatch) -> int:
         return int(batch.extra["normalizer"])
@@ -281,7 +330,7 @@ class SDPO(OnPolicyMethod):
 
     name: ClassVar[str] = "sdpo"
     description: ClassVar[str] = ("SDPO: self-distillation from the model re-prompted with a "
-                                  "successful sibling and feedback; answer tokens, frozen teacher")
+                                  "successful sibling; response tokens, frozen teacher")
     Config: ClassVar[type[SDPOConfig]] = SDPOConfig
     config: SDPOConfig
 

@@ -153,9 +153,8 @@ def test_sampled_token_divergence_matches_trl_value_and_gradient():
     student = _logits(2, 6, 32, seed=8).requires_grad_(True)
     teacher = _logits(2, 6, 32, seed=9)
     ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(10))
-    ours = losses.distillation_per_token(
-        "sampled_token", student_logp=losses.selected_log_probs(student, ids),
-        teacher_logp=losses.selected_log_probs(teacher, ids))
+    ours = losses.divergence_per_token("sampled_token", *losses.scores_from_logits(
+        student, teacher, ids, "sampled_token"))
     (grad_ours,) = torch.autograd.grad(ours.sum(), student)
     ref = trl_sdpo.compute_sampled_token_self_distillation_loss(student, teacher, ids,
                                                                 distillation_alpha=1.0)
@@ -177,21 +176,67 @@ def test_importance_weight_matches_trl_and_is_detached():
     assert torch.equal(losses.importance_weight(new, old, None), torch.ones(3, 5))
 
 
-def test_sdpo_loss_matches_trl_aggregation_when_lengths_are_equal():
-    # TRL averages per sequence then over sequences; with full masks that equals the token mean.
-    student, teacher = _logits(3, 4, 40, seed=12), _logits(3, 4, 40, seed=13)
-    ids = torch.randint(0, 40, (3, 4), generator=torch.Generator().manual_seed(14))
-    logp = losses.selected_log_probs(student, ids)
-    old = logp + 0.5
-    mask = torch.ones(3, 4)
-    per_token = losses.topk_divergence(student, teacher, k=8, alpha=0.5)
-    ours = losses.sdpo_loss(per_token, logp, old, mask, is_clip=2.0)
-    ref_pt = trl_sdpo.apply_importance_sampling_clipping(
-        trl_sdpo.compute_topk_self_distillation_loss(
-            student, teacher, distillation_topk=8, distillation_alpha=0.5,
-            distillation_add_tail=True), logp, old, 2.0)
-    ref = ((ref_pt * mask).sum(-1) / mask.sum(-1)).mean()
-    assert torch.allclose(ours, ref, atol=ATOL)
+def _trl_trainer_loss(student: torch.Tensor, teacher: torch.Tensor, ids: torch.Tensor,
+                     mask: torch.Tensor, old: torch.Tensor, mode: str, topk: int,
+                     alpha: float) -> torch.Tensor:
+    """TRL's `SDPOTrainer._compute_self_distillation_loss` itself on these tensors (a stand-in
+    trainer holds just the settings and the logging it touches)."""
+    from types import SimpleNamespace
+
+    from trl.experimental.sdpo.sdpo_trainer import DistillationLogits, SDPOTrainer
+
+    trl_mode = {"topk": "topk_logits", "full": "full_logits"}.get(mode, mode)
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(distillation_mode=trl_mode, distillation_topk=topk,
+                             distillation_alpha=alpha, distillation_add_tail=True,
+                             distillation_is_clip=2.0),
+        accelerator=SimpleNamespace(gather=lambda t: t),
+        _log_self_distillation_metric=lambda mode, value: None)
+    logits = DistillationLogits(completion_ids=ids, completion_mask=mask, loss_mask=mask,
+                                student_logits=student, teacher_logits=teacher)
+    model = SimpleNamespace(training=True)
+    return SDPOTrainer._compute_self_distillation_loss(
+        trainer, model, {"old_per_token_logps": old}, logits)
+
+
+@pytest.mark.parametrize("mode, alpha", [("topk", 0.5), ("topk", 0.0), ("full", 0.5),
+                                         ("full", 1.0), ("sampled_token", 1.0)])
+def test_the_loss_sdpo_calls_equals_trls_trainer_loss(mode, alpha):
+    """`sdpo_loss`, the function the SDPO methods call, against TRL 1.16's trainer on one
+    constructed batch: 3 completions x 6 positions, masks with 4 supervised tokens each (TRL
+    averages per sequence, the reference per token: the same with equal counts), a student that
+    moved since sampling (importance weights between 0.37 and 2.7, some clipped at 2)."""
+    gen = torch.Generator().manual_seed(12)
+    student = _logits(3, 6, 40, seed=12).requires_grad_(True)
+    teacher = _logits(3, 6, 40, seed=13)
+    ids = torch.randint(0, 40, (3, 6), generator=gen)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0], [1, 0, 1, 0, 1, 1]])
+    student_side, teacher_side = losses.scores_from_logits(student, teacher, ids, mode, topk=8)
+    old = (student_side.token_logprobs.detach()
+           + torch.empty(3, 6).uniform_(-1.0, 1.0, generator=gen))
+    ours = losses.sdpo_loss(student_side, teacher_side, mask, old_logprobs=old, divergence=mode,
+                            alpha=alpha, is_clip=2.0)
+    ref = _trl_trainer_loss(student, teacher, ids, mask, old, mode, 8, alpha)
+    assert torch.allclose(ours.loss, ref, atol=ATOL)
+    (grad_ours,) = torch.autograd.grad(ours.loss, student)
+    (grad_ref,) = torch.autograd.grad(ref, student)
+    assert torch.allclose(grad_ours, grad_ref, atol=ATOL)
+    assert float(ours.weight.max()) == 2.0  # some weights were clipped
+
+
+def test_sdpo_loss_is_a_token_mean_over_every_supervised_token():
+    # sampled-token terms (log pS - log pT) * log pS with log pS = -1 and log pT = -1 - d:
+    # -d for d = 1..6; on a mask of 2 + 1 tokens, weights 1 (no old log-probs), the token mean
+    # -(1 + 2 + 4) / 3, not TRL's mean of per-sequence means -(1.5 + 4) / 2
+    student = losses.DistillationScores(-torch.ones(2, 3))
+    teacher = losses.DistillationScores(-1 - torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    terms = losses.sdpo_loss(student, teacher, mask, divergence="sampled_token")
+    assert terms.loss.item() == pytest.approx(-7 / 3)
+    assert torch.equal(terms.weight, torch.ones(2, 3))
+    # a normalizer (the step's token count, over micro-batches and processes) divides instead
+    assert losses.sdpo_loss(student, teacher, mask, divergence="sampled_token",
+                            normalizer=7).loss.item() == pytest.approx(-1.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,19 +276,22 @@ def test_topk_tail_bucket_by_hand():
 
 def test_divergences_are_zero_when_teacher_equals_student():
     logits = _logits(2, 3, 20, seed=17)
+    ids = torch.zeros(2, 3, dtype=torch.long)
     for mode in ("topk", "full"):
-        out = losses.distillation_per_token(mode, student_logits=logits, teacher_logits=logits,
-                                            topk=5, alpha=0.5)
+        out = losses.divergence_per_token(
+            mode, *losses.scores_from_logits(logits, logits, ids, mode, topk=5), alpha=0.5)
         assert torch.allclose(out, torch.zeros(2, 3), atol=1e-6)
 
 
-def test_distillation_per_token_errors_name_what_is_missing():
-    with pytest.raises(ValueError, match="student_logp and teacher_logp"):
-        losses.distillation_per_token("sampled_token", student_logits=torch.zeros(1, 2, 3))
+def test_divergence_errors_name_what_is_missing():
+    tokens_only = losses.DistillationScores(torch.zeros(1, 2))
+    with pytest.raises(ValueError, match="topk divergence needs both sides' `logprobs`"):
+        losses.divergence_per_token("topk", tokens_only, tokens_only)
     with pytest.raises(ValueError, match="unknown divergence 'kl'"):
-        losses.distillation_per_token("kl",  # type: ignore[arg-type]
-                                      student_logits=torch.zeros(1, 3),
-                                      teacher_logits=torch.zeros(1, 3))
+        losses.divergence_per_token("kl", tokens_only, tokens_only)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown divergence 'kl'"):
+        losses.scores_from_logits(torch.zeros(1, 3), torch.zeros(1, 3),
+                                  torch.zeros(1, dtype=torch.long), "kl")  # type: ignore
     with pytest.raises(ValueError, match="alpha"):
         losses.generalized_jsd(torch.zeros(3), torch.zeros(3), 1.5)
 
@@ -251,9 +299,10 @@ def test_distillation_per_token_errors_name_what_is_missing():
 def test_teacher_logits_never_receive_gradient():
     student = _logits(2, 10, seed=18).requires_grad_(True)
     teacher = _logits(2, 10, seed=19).requires_grad_(True)
+    ids = torch.zeros(2, dtype=torch.long)
     for mode in ("topk", "full"):
-        losses.distillation_per_token(mode, student_logits=student, teacher_logits=teacher,
-                                      topk=4).sum().backward()
+        losses.divergence_per_token(mode, *losses.scores_from_logits(
+            student, teacher, ids, mode, topk=4)).sum().backward()
     assert teacher.grad is None and student.grad is not None
 
 
@@ -278,13 +327,8 @@ def test_gradient_descent_moves_student_toward_teacher(mode):
         student = param.expand(512, vocab)
         ids = torch.multinomial(torch.softmax(param.detach(), -1), 512, replacement=True,
                                 generator=gen)
-        logp = losses.selected_log_probs(student, ids)
-        per_token = losses.distillation_per_token(
-            mode, student_logits=student, teacher_logits=teacher.expand(512, vocab),
-            student_logp=logp, teacher_logp=losses.selected_log_probs(teacher.expand(512, vocab),
-                                                                      ids),
-            topk=6, alpha=0.5)
-        loss = losses.sdpo_loss(per_token, logp, logp.detach(), torch.ones(512))
+        scores = losses.scores_from_logits(student, teacher.expand(512, vocab), ids, mode, topk=6)
+        loss = losses.sdpo_loss(*scores, torch.ones(512), divergence=mode, alpha=0.5).loss
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -86,15 +86,20 @@ def _train(warm_model, tmp_path: Path, method, steps: int = 12, lr: float = 3e-3
     return model, log, report
 
 
+# What the learnability tests share: the toy verifier's feedback reaches the teacher (the warm
+# student fails every rollout at first, so no sibling can demonstrate) and the lr is at its peak
+# from the first step (the test is about the objective, not the schedule).
+LEARN = {"feedback": "rich", "warmup_steps": 0}
+
 # variant -> (method, learning rate). The sampled-token objective carries one token's worth of
 # signal per position instead of a distribution, so it needs a larger step to move as fast.
 VARIANTS = {
-    "sdpo": (lambda: SDPO(), 3e-3),
-    "sdpo-cot": (lambda: SDPOCoT(), 3e-3),
-    "stable-sdpo": (lambda: StableSDPO(), 3e-3),
-    "sdpo-ema": (lambda: SDPO({"teacher": "ema"}), 3e-3),
-    "sdpo-sampled-token": (lambda: SDPO({"divergence": "sampled_token"}), 1e-2),
-    "sdpo-full-forward-kl-live": (lambda: SDPO({"divergence": "full", "teacher": "live",
+    "sdpo": (lambda: SDPO(LEARN), 3e-3),
+    "sdpo-cot": (lambda: SDPOCoT(LEARN), 3e-3),
+    "stable-sdpo": (lambda: StableSDPO(LEARN), 3e-3),
+    "sdpo-ema": (lambda: SDPO({**LEARN, "teacher": "ema"}), 3e-3),
+    "sdpo-sampled-token": (lambda: SDPO({**LEARN, "divergence": "sampled_token"}), 1e-2),
+    "sdpo-full-forward-kl-live": (lambda: SDPO({**LEARN, "divergence": "full", "teacher": "live",
                                                 "alpha": 0.0}), 3e-3),
 }
 
@@ -120,7 +125,7 @@ def test_flipped_loss_sign_does_not_learn(warm_model, tmp_path, monkeypatch):
         return -loss, stats
 
     monkeypatch.setattr(SDPOObjective, "loss", flipped)
-    model, log, _ = _train(warm_model, tmp_path, SDPO())
+    model, log, _ = _train(warm_model, tmp_path, SDPO(LEARN))
     assert greedy_reward(model, warm_model[1], LowercaseTask({"k": K})) <= 0.1
     assert max(r["reward_mean"] for r in log[-4:]) < 0.2
 
@@ -136,7 +141,9 @@ def test_step_records_counters_and_wall_time(tmp_path):
         toy_context(model, tok, tmp_path, steps=5, log=log))
     assert log == report.steps and len(log) == 5
     for key in ("loss", "reward_mean", "groups_with_signal", "supervised_token_fraction",
-                "teacher_kl", "grad_norm", "lr", "teacher_active_fraction", "seconds"):
+                "teacher_kl", "grad_norm", "lr", "teacher_active_fraction", "seconds",
+                "demo_fraction", "feedback_only_fraction", "no_teacher_fraction",
+                "completion_tokens_mean", "finished_rate"):
         assert all(key in r for r in log), key
     assert all(0.0 <= r["supervised_token_fraction"] <= 1.0 for r in log)
     for key in ("generated_tokens", "trained_tokens", "teacher_tokens"):
@@ -148,6 +155,33 @@ def test_step_records_counters_and_wall_time(tmp_path):
     # StableSDPO: 5 steps, refresh fraction 0.4 -> period 2 -> refreshes before steps 0, 2, 4
     assert report.extra["teacher"]["refresh_steps"] == [0, 2, 4]
     assert [r["teacher_refreshed"] for r in log] == [0.0, 1.0, 0.0, 1.0, 0.0]
+    # the reference's 10 warm-up steps, cut to 4 so that the 5-step stage reaches the peak lr
+    assert [r["lr"] for r in log] == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3])
+
+
+def test_the_step_loss_is_the_tested_sdpo_loss(tmp_path, monkeypatch):
+    """The objective's loss is what `clbench.engine.losses.sdpo_loss` returns (the function
+    compared with TRL's trainer in test_losses), called with the method's settings."""
+    calls = []
+    real = sdpo_module.sdpo_loss
+
+    def spy(*args, **kwargs):
+        terms = real(*args, **kwargs)
+        calls.append((kwargs, float(terms.loss.detach())))
+        return terms
+
+    monkeypatch.setattr(sdpo_module, "sdpo_loss", spy)
+    model, tok = tiny(seed=0)
+    report = SDPO({"lr": 1e-3, "alpha": 0.25, "is_clip": 1.5, "feedback": "rich"}).train_stage(
+        toy_context(model, tok, tmp_path, steps=2))
+    assert len(calls) == 2  # one micro-batch per step
+    assert all((k["divergence"], k["alpha"], k["is_clip"]) == ("topk", 0.25, 1.5)
+               for k, _ in calls)
+    assert [r["loss"] for r in report.steps] == pytest.approx([loss for _, loss in calls])
+    # the reference's stop probabilities where supervised responses ended
+    ended = [r for r in report.steps if "teacher_eos_prob" in r]
+    assert ended and all(0.0 < r["teacher_eos_prob"] <= 1.0 and 0.0 < r["student_eos_prob"] <= 1.0
+                         for r in ended)
 
 
 def test_same_seed_same_numbers(tmp_path):
@@ -233,28 +267,36 @@ def test_feedback_goes_only_where_there_is_no_demonstration_unless_asked(tmp_pat
     fractions = {}
     for both in (False, True):
         model, tok = tiny(seed=0)
-        report = SDPO({"lr": 1e-3, "use_reference_solution": True,
+        report = SDPO({"lr": 1e-3, "use_reference_solution": True, "feedback": "rich",
                        "feedback_with_demo": both}).train_stage(
             toy_context(model, tok, tmp_path / str(both), steps=1, task=LastLineTask()))
         step = report.steps[0]
         fractions[both] = (step["demo_fraction"], step["feedback_fraction"])
     assert fractions == {False: (1.0, 0.0), True: (1.0, 1.0)}
     model, tok = tiny(seed=0)  # no demonstration: the feedback is the teacher's context
-    step = SDPO({"lr": 1e-3}).train_stage(
+    step = SDPO({"lr": 1e-3, "feedback": "rich"}).train_stage(
         toy_context(model, tok, tmp_path / "alone", steps=1, task=LastLineTask())).steps[0]
     assert (step["demo_fraction"], step["feedback_fraction"]) == (0.0, 1.0)
+    assert (step["feedback_only_fraction"], step["no_teacher_fraction"]) == (1.0, 0.0)
+    model, tok = tiny(seed=0)  # the default: no feedback, so no teacher at all
+    step = SDPO({"lr": 1e-3}).train_stage(
+        toy_context(model, tok, tmp_path / "none", steps=1, task=LastLineTask())).steps[0]
+    assert (step["feedback_fraction"], step["no_teacher_fraction"]) == (0.0, 1.0)
 
 
-def test_answer_supervision_is_sparser_than_cot_and_mask_ratio_thins_it(tmp_path):
+def test_final_line_supervision_is_sparser_than_cot_and_mask_ratio_thins_it(tmp_path):
     fractions = {}
-    for name, method in (("answer", SDPO({"lr": 1e-3})), ("all", SDPOCoT({"lr": 1e-3})),
-                         ("masked", SDPOCoT({"lr": 1e-3, "mask_ratio": 0.5}))):
+    rich = {"lr": 1e-3, "feedback": "rich"}
+    for name, method in (("final_line", SDPO({**rich, "supervision": "final_line"})),
+                         ("response", SDPO(rich)), ("all", SDPOCoT(rich)),
+                         ("masked", SDPOCoT({**rich, "mask_ratio": 0.5}))):
         model, tok = tiny(seed=0)
         report = method.train_stage(toy_context(model, tok, tmp_path, steps=1,
                                                 max_new_tokens=16, task=LastLineTask()))
         fractions[name] = report.steps[0]["supervised_token_fraction"]
     assert fractions["all"] == 1.0
-    assert 0.3 < fractions["answer"] < 0.75
+    assert fractions["response"] == 1.0  # no reasoning block: the whole completion
+    assert 0.3 < fractions["final_line"] < 0.75
     assert 0.25 < fractions["masked"] < 0.75
 
 
@@ -271,7 +313,7 @@ def test_supervise_eos_reaches_the_supervision_of_every_rollout(tmp_path, monkey
     monkeypatch.setattr(sdpo_module, "completion_supervision", spy)
     for flag in (True, False):
         model, tok = tiny(seed=0)
-        SDPO({"lr": 1e-3, "supervise_eos": flag}).train_stage(
+        SDPO({"lr": 1e-3, "supervise_eos": flag, "feedback": "rich"}).train_stage(
             toy_context(model, tok, tmp_path / str(flag), steps=1, task=LastLineTask()))
         assert seen and set(seen) == {flag}
         seen.clear()
@@ -283,14 +325,18 @@ def test_supervise_eos_reaches_the_supervision_of_every_rollout(tmp_path, monkey
 
 def test_variant_defaults():
     sdpo, cot, stable = SDPO().config, SDPOCoT().config, StableSDPO().config
-    assert (sdpo.supervision, sdpo.teacher, sdpo.strip_demo_reasoning) == ("answer", "frozen", True)
+    # the reference's defaults (lasgroup/SDPO's sdpo.yaml and its paper runs)
+    assert (sdpo.supervision, sdpo.teacher, sdpo.strip_demo_reasoning) == ("response", "frozen",
+                                                                           True)
     assert (sdpo.divergence, sdpo.topk, sdpo.alpha, sdpo.is_clip) == ("topk", 100, 0.5, 2.0)
     assert (sdpo.lr, sdpo.weight_decay, sdpo.max_grad_norm) == (1e-5, 0.01, 1.0)
+    assert (sdpo.warmup_steps, sdpo.lr_schedule) == (10, "constant")
     assert (sdpo.ema_rate, sdpo.demo_threshold, sdpo.mask_ratio) == (0.05, 0.5, 0.0)
-    assert sdpo.use_feedback and not sdpo.use_reference_solution
+    assert sdpo.feedback == "none" and not sdpo.use_reference_solution
     assert (cot.supervision, cot.strip_demo_reasoning, cot.teacher) == ("all", False, "frozen")
     assert (stable.teacher, stable.refresh_fraction, stable.supervision) == ("refresh", 0.4,
-                                                                             "answer")
+                                                                             "response")
+    assert cot.warmup_steps == stable.warmup_steps == 10
     assert (SDPO.name, SDPOCoT.name, StableSDPO.name) == ("sdpo", "sdpo-cot", "stable-sdpo")
 
 
@@ -300,6 +346,17 @@ def test_every_config_field_is_documented():
         assert not undocumented, (cls.__name__, undocumented)
 
 
+def test_settings_recorded_by_earlier_runs_read_as_what_they_did():
+    assert SDPOConfig.model_validate({"use_feedback": True}).feedback == "rich"
+    assert SDPOConfig.model_validate({"use_feedback": False}).feedback == "none"
+    assert SDPOConfig.model_validate({"supervision": "answer"}).supervision == "final_line"
+    # fields a run from before them did not record read with the value it ran with
+    from clbench.engine.api import config_as_recorded
+
+    old = SDPOConfig.model_validate(config_as_recorded(SDPOConfig, {}))
+    assert (old.feedback, old.warmup_steps) == ("rich", 0)
+
+
 def test_invalid_config_values_name_the_field():
     with pytest.raises(ValidationError, match="divergence"):
         SDPO({"divergence": "kl"})
@@ -307,6 +364,10 @@ def test_invalid_config_values_name_the_field():
         SDPO({"teacher": "stale"})
     with pytest.raises(ValidationError, match="mask_ratio"):
         SDPO({"mask_ratio": 1.5})
+    with pytest.raises(ValidationError, match="feedback"):
+        SDPO({"feedback": "verbose"})
+    with pytest.raises(ValidationError, match="supervision"):
+        SDPO({"supervision": "cot"})
     with pytest.raises(ValidationError, match="extra"):
         SDPO({"learning_rate": 1e-5})
 

@@ -105,7 +105,13 @@ def test_step_examples_visit_every_item_once_per_epoch_in_seeded_order() -> None
 def test_lr_schedules_by_hand() -> None:
     from clbench.engine.optim import lr_factor
 
-    assert [lr_factor(s, 10, 2, "constant") for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    # warm-up as verl and transformers schedule it: step s of W takes s / W of the peak
+    assert [lr_factor(s, 10, 2, "constant") for s in range(4)] == [0.0, 0.5, 1.0, 1.0]
+    assert [lr_factor(s, 16, 10, "constant") for s in range(12)] == [
+        0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.0]
+    # never longer than the stage: the last step of a stage takes the peak lr
+    assert [lr_factor(s, 4, 10, "constant") for s in range(4)] == [0.0, 1 / 3, 2 / 3, 1.0]
+    assert lr_factor(0, 1, 10, "constant") == 1.0
     assert [lr_factor(s, 6, 2, "linear") for s in (2, 3, 5)] == [1.0, 0.75, 0.25]
     assert lr_factor(2, 6, 2, "cosine") == pytest.approx(1.0)
     assert lr_factor(4, 6, 2, "cosine") == pytest.approx(0.5)

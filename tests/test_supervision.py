@@ -1,4 +1,5 @@
-"""The answer/CoT token split and the random token mask, on concrete completions."""
+"""The response / reasoning / final-line token split and the random token mask, on concrete
+completions."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 from clbench.engine import supervision as sv
 from clbench.models import build_char_tokenizer
 from clbench.tasks.base import default_answer_start
+from clbench.tasks.math import boxed_answer_start
 
 
 @pytest.fixture(scope="module")
@@ -40,20 +42,42 @@ def _supervised_text(tok, ids: list[int], mask: list[bool]) -> str:
     return tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=True)
 
 
-def test_think_block_supervises_only_the_text_after_it(char_tok):
+def test_response_supervision_starts_after_the_reasoning_block(char_tok):
     text = "<think>6*7 is 42</think>The answer is 42."
     ids = _ids(char_tok, text)
-    mask = sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start)
+    mask = sv.completion_supervision(char_tok, text, ids, "response", default_answer_start)
     assert _supervised_text(char_tok, ids, mask) == "The answer is 42."
-    assert mask[-1] is True  # EOS is supervised (stopping is part of the answer)
+    assert mask[-1] is True  # EOS is supervised (stopping is part of the response)
     assert sum(mask) == len("The answer is 42.") + 1
     assert all(sv.completion_supervision(char_tok, text, ids, "all", default_answer_start))
+
+
+def test_response_supervision_without_a_reasoning_block_is_the_whole_completion(char_tok):
+    # the reference's span: every response token, not only the line that copies the result
+    text = "14 + 23 = 37.\n\\boxed{37}"
+    ids = _ids(char_tok, text)
+    response = sv.completion_supervision(char_tok, text, ids, "response", boxed_answer_start)
+    assert response == [True] * len(ids)
+    final = sv.completion_supervision(char_tok, text, ids, "final_line", boxed_answer_start)
+    assert _supervised_text(char_tok, ids, final) == "\\boxed{37}"
+    assert sum(final) == len("\\boxed{37}") + 1  # the EOS too
+
+
+def test_the_last_reasoning_block_ends_the_reasoning(char_tok):
+    text = "<think>a</think>b<think>c</think>\nAnswer: 7"
+    ids = _ids(char_tok, text)
+    mask = sv.completion_supervision(char_tok, text, ids, "response", default_answer_start)
+    assert _supervised_text(char_tok, ids, mask) == "\nAnswer: 7"
+    assert sv.response_start(text) == text.rindex("</think>") + len("</think>")
+    # an unclosed block (a response cut inside its reasoning) has no response part yet: all of
+    # it is supervised, as a completion without a block
+    assert sv.response_start("<think>still thinking") == 0
 
 
 def test_the_stop_decision_can_be_left_unsupervised(char_tok):
     text = "<think>6*7 is 42</think>The answer is 42."
     ids = _ids(char_tok, text)
-    mask = sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start,
+    mask = sv.completion_supervision(char_tok, text, ids, "final_line", default_answer_start,
                                      supervise_closing=False)
     assert _supervised_text(char_tok, ids, mask) == "The answer is 42." and mask[-1] is False
     assert sum(mask) == len("The answer is 42.")
@@ -68,7 +92,7 @@ def test_the_stop_decision_can_be_left_unsupervised(char_tok):
 def test_without_think_the_last_line_is_the_answer(char_tok):
     text = "14 + 23 = 37.\nAnswer: 37"
     ids = _ids(char_tok, text)
-    mask = sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start)
+    mask = sv.completion_supervision(char_tok, text, ids, "final_line", default_answer_start)
     assert _supervised_text(char_tok, ids, mask) == "Answer: 37"
     assert mask[text.index("\n")] is False  # the newline ends exactly at the answer start
 
@@ -77,35 +101,36 @@ def test_tool_call_after_thought(char_tok):
     text = ('Thought: I need the weather.\nAction: get_weather\n'
             'Action Input: {"city": "Paris"}')
     ids = _ids(char_tok, text)
-    default = sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start)
+    default = sv.completion_supervision(char_tok, text, ids, "final_line", default_answer_start)
     assert _supervised_text(char_tok, ids, default) == 'Action Input: {"city": "Paris"}'
     # a tool task that starts the answer at the first `Action:` supervises the whole call
 
     def tool_answer_start(t: str) -> int:
         return max(t.find("Action:"), 0)
 
-    tool = sv.completion_supervision(char_tok, text, ids, "answer", tool_answer_start)
+    tool = sv.completion_supervision(char_tok, text, ids, "final_line", tool_answer_start)
     assert _supervised_text(char_tok, ids, tool) == text[text.index("Action:"):]
 
 
 def test_single_line_answer_is_all_answer(char_tok):
     text = "Answer: 37"
     ids = _ids(char_tok, text)
-    assert all(sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start))
+    assert all(sv.completion_supervision(char_tok, text, ids, "final_line", default_answer_start))
 
 
 def test_empty_answer_supervises_only_the_stop_decision(char_tok):
     eos_only = [char_tok.eos_token_id]
-    assert sv.completion_supervision(char_tok, "", eos_only, "answer",
+    assert sv.completion_supervision(char_tok, "", eos_only, "final_line",
                                      default_answer_start) == [True]
-    assert sv.completion_supervision(char_tok, "", [], "answer", default_answer_start) == []
+    assert sv.completion_supervision(char_tok, "", [], "final_line", default_answer_start) == []
     # a completion that ends with </think> has an empty answer part: only its EOS is a target
     text = "<think>hmm</think>"
     ids = _ids(char_tok, text)
-    mask = sv.completion_supervision(char_tok, text, ids, "answer", default_answer_start)
+    mask = sv.completion_supervision(char_tok, text, ids, "final_line", default_answer_start)
     assert mask == [False] * len(text) + [True]
+    assert sv.completion_supervision(char_tok, text, ids, "response", default_answer_start) == mask
     # truncated (no EOS): nothing
-    assert not any(sv.completion_supervision(char_tok, text, ids[:-1], "answer",
+    assert not any(sv.completion_supervision(char_tok, text, ids[:-1], "final_line",
                                              default_answer_start))
 
 
@@ -116,7 +141,7 @@ def test_bpe_token_straddling_the_answer_start_is_supervised(bpe_tok):
     assert ends[-1] == len(text) and ends == sorted(ends)
     # the answer starts at the "3" of " 37"; the token holding " 37" (or "3") ends after it
     start = text.index("37")
-    mask = sv.supervision_mask(text, ends, "answer", lambda t: start)
+    mask = sv.supervision_mask(text, ends, "final_line", lambda t: start)
     covered = _supervised_text(bpe_tok, ids, mask)
     assert covered.strip().endswith("37") and covered.endswith("37")
     assert len(covered) <= len(text) - start + 1  # at most the straddling space on top
@@ -133,7 +158,7 @@ def test_multibyte_characters_get_monotone_spans(bpe_tok):
     euro_tokens = [i for i, e in enumerate(ends) if e == euro + 1]
     assert len(euro_tokens) >= 2  # every partial byte token is attributed to the euro sign
     # an answer starting at the euro sign takes all of its byte tokens
-    mask = sv.supervision_mask(text, ends, "answer", lambda t: euro)
+    mask = sv.supervision_mask(text, ends, "final_line", lambda t: euro)
     assert _supervised_text(bpe_tok, ids, mask) == "\u20ac5: 37"
     assert all(mask[i] for i in euro_tokens)
 
@@ -150,8 +175,8 @@ def test_bisected_boundary_equals_the_exact_definition_for_every_answer_start(bp
         decoded = tok.decode(ids, skip_special_tokens=True)
         ends = sv.token_char_ends(tok, ids)
         for a in range(len(decoded) + 1):
-            exact = sv.supervision_mask(decoded, ends, "answer", lambda t: a, closing_tokens=1)
-            fast = sv.completion_supervision(tok, decoded, ids, "answer", lambda t: a)
+            exact = sv.supervision_mask(decoded, ends, "final_line", lambda t: a, closing_tokens=1)
+            fast = sv.completion_supervision(tok, decoded, ids, "final_line", lambda t: a)
             assert fast == exact, (tok, a)
 
 
@@ -162,10 +187,13 @@ def test_monotone_ends_takes_the_minimum_to_the_right():
 def test_out_of_range_answer_start_is_clamped(char_tok):
     text = "abc"
     ends = sv.token_char_ends(char_tok, _ids(char_tok, text, eos=False))
-    assert sv.supervision_mask(text, ends, "answer", lambda t: -5) == [True] * 3
-    assert sv.supervision_mask(text, ends, "answer", lambda t: 99) == [False] * 3
+    assert sv.supervision_mask(text, ends, "final_line", lambda t: -5) == [True] * 3
+    assert sv.supervision_mask(text, ends, "final_line", lambda t: 99) == [False] * 3
     with pytest.raises(ValueError, match="unknown supervision 'cot'"):
         sv.supervision_mask(text, ends, "cot", default_answer_start)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="expected one of response, all, final_line"):
+        sv.completion_supervision(char_tok, text, _ids(char_tok, text), "answer",  # type: ignore
+                                  default_answer_start)
 
 
 def test_random_token_mask_drops_the_requested_fraction_reproducibly():

@@ -199,3 +199,27 @@ def test_grader_is_bounded_on_adversarial_completions(completion: str) -> None:
 def test_answer_part_is_the_line_with_the_final_box(completion: str, start: int) -> None:
     assert boxed_answer_start(completion) == start
     assert Arithmetic().answer_start(completion) == start
+
+
+@pytest.mark.parametrize("source, params", [
+    ("math.arithmetic", {"digits": 2}), ("math.word_problems", {}),
+    ("science.facts", {"families": ["neutrons"]}), ("science.mcq", {}),
+    ("tool_use.generated", {})])
+def test_the_reasoning_format_writes_the_same_items_differently(source: str, params: dict) -> None:
+    """`think` changes how an item is written (the example and the reference reason inside
+    <think>...</think>, the answer after it), never which items are drawn: a suite that adds it
+    keeps its items, and every reference still earns reward 1."""
+    from clbench.registry import build_task
+    from clbench.specs import TaskSpec
+
+    plain = build_task(TaskSpec(source=source, params=params)).examples("train", 7, 12)
+    think_task = build_task(TaskSpec(source=source, params={**params, "think": True}))
+    think = think_task.examples("train", 7, 12)
+    assert [e.id for e in think] == [e.id for e in plain]
+    for p, t in zip(plain, think):
+        assert "<think>" not in p.reference and t.reference.startswith("<think>\n")
+        working, answer = t.reference[len("<think>\n"):].split("\n</think>\n")
+        assert p.reference.endswith(answer) and "</think>" not in answer
+        assert t.messages[-2]["role"] == "assistant" and "</think>\n" in t.messages[-2]["content"]
+        assert t.messages[-1] == p.messages[-1]  # the question itself is unchanged
+        assert think_task.grade(t, t.reference).reward == 1.0

@@ -128,8 +128,7 @@ def test_plan_contexts_mask_feedback_and_reference():
                                      ["36 is wrong", None])
     assert alone[0].demonstration is None and alone[0].feedback == "36 is wrong"
     assert alone[0].active and not alone[1].active
-    off = tm.plan_teacher_contexts(PROMPT, [0.0, 0.0], ["Answer: 36", "x"],
-                                   ["36 is wrong", None], use_feedback=False)
+    off = tm.plan_teacher_contexts(PROMPT, [0.0, 0.0], ["Answer: 36", "x"], [None, None])
     assert off[0].feedback is None and not off[0].active
     with_ref = tm.plan_teacher_contexts(PROMPT, rewards, texts, feedbacks,
                                         reference="14 + 23 = 37.\nAnswer: 37")
@@ -203,6 +202,40 @@ def test_a_prompt_too_long_without_privileged_text_gets_no_teacher(char_tokenize
     fitted, ids, cut = tm.fit_teacher_context(_context("Answer: 37", "36 is wrong"), PROMPT,
                                               char_tokenizer, len(bare) - 1)
     assert cut and ids is None and not fitted.active and fitted.messages == PROMPT
+
+
+@pytest.mark.parametrize("mode, wrong_value, no_answer, cut_off", [
+    # (mode, a wrong value, no readable answer, a response cut at the token cap)
+    ("none", None, None, None),
+    ("format", None, "No final answer in \\boxed{} found.", tm.TRUNCATED_FEEDBACK),
+    ("rich", "Your answer 41 is wrong.", "No final answer in \\boxed{} found.", None),
+])
+def test_the_three_feedback_modes(mode, wrong_value, no_answer, cut_off):
+    assert tm.verifier_feedback(mode, "Your answer 41 is wrong.", False, True) == wrong_value
+    assert tm.verifier_feedback(mode, "No final answer in \\boxed{} found.", True,
+                                True) == no_answer
+    # a cut-off response: `format` says it was cut (whatever the grader said), `rich` passes
+    # the grader's message on (here none: a cut-off right answer still fails on the value)
+    assert tm.verifier_feedback(mode, None, False, False) == cut_off
+    with pytest.raises(ValueError, match="unknown feedback mode 'on'"):
+        tm.verifier_feedback("on", "x", False, True)  # type: ignore[arg-type]
+
+
+def test_format_errors_are_what_the_graders_say_they_are():
+    from clbench.tasks.math import grade_boxed
+    from clbench.tasks.science import Facts
+    from clbench.tasks.tooluse import GeneratedTools
+
+    assert grade_boxed("37", "the sum is 37").format_error
+    assert not grade_boxed("37", "\\boxed{36}").format_error
+    facts = Facts({"families": ["symbol"]})
+    item = facts.examples("eval", 0, 1)[0]
+    assert facts.grade(item, "I do not know").format_error
+    assert not facts.grade(item, "Answer: Zz").format_error
+    tools = GeneratedTools()
+    call = tools.examples("eval", 0, 1)[0]
+    assert tools.grade(call, "Sure, I can help with that.").format_error
+    assert not tools.grade(call, '{"name": "nope", "arguments": {}}').format_error
 
 
 def test_feedback_on_a_successful_rollout_is_not_used():

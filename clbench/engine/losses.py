@@ -2,7 +2,9 @@
 
 Owns the GRPO pieces (group-relative advantages, the clipped surrogate, the k3 KL estimator)
 and the SDPO pieces (per-token divergences between student and teacher next-token
-distributions, the clipped importance weight, token-mean aggregation).
+distributions, the clipped importance weight, token-mean aggregation), put together in
+:func:`sdpo_loss`: the one SDPO objective, called by the SDPO methods and compared with TRL's
+trainer on the same inputs.
 
 Conventions
 -----------
@@ -20,6 +22,7 @@ GRPO trainer and verl's dual-clip PPO.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -187,7 +190,8 @@ def topk_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
     """Divergence on the student's top-k support plus one tail bucket (the SDPO reference).
 
     The support is the k tokens the student ranks highest; the teacher's log-probs are read at
-    the same tokens. Logits ``[..., V]`` -> loss ``[...]``; see :func:`topk_logprob_divergence`.
+    the same tokens. Logits ``[..., V]`` -> loss ``[...]``; see :func:`topk_logprob_divergence`
+    (which :func:`sdpo_loss` uses, on log-probs gathered by :mod:`clbench.engine.logprobs`).
     """
     if k < 1:
         raise ValueError(f"topk must be >= 1, got {k}")
@@ -228,30 +232,6 @@ def full_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, 
                            torch.log_softmax(teacher_logits.detach().float(), dim=-1), alpha)
 
 
-def distillation_per_token(mode: Divergence, *, student_logits: torch.Tensor | None = None,
-                           teacher_logits: torch.Tensor | None = None,
-                           student_logp: torch.Tensor | None = None,
-                           teacher_logp: torch.Tensor | None = None, topk: int = 100,
-                           alpha: float = 0.5) -> torch.Tensor:
-    """Dispatch to the SDPO divergence `mode`; the per-token loss, shape of the token positions.
-
-    ``sampled_token`` needs the per-token log-probs of the sampled tokens (``student_logp`` with
-    grad, ``teacher_logp``) and ignores `alpha` (it is reverse KL by construction); ``topk`` and
-    ``full`` need the logits of both at the completion positions.
-    """
-    if mode == "sampled_token":
-        if student_logp is None or teacher_logp is None:
-            raise ValueError("sampled_token divergence needs student_logp and teacher_logp")
-        return sampled_token_divergence(student_logp, teacher_logp)
-    if student_logits is None or teacher_logits is None:
-        raise ValueError(f"{mode} divergence needs student_logits and teacher_logits")
-    if mode == "topk":
-        return topk_divergence(student_logits, teacher_logits, k=topk, alpha=alpha)
-    if mode == "full":
-        return full_divergence(student_logits, teacher_logits, alpha=alpha)
-    raise ValueError(f"unknown divergence {mode!r}; expected one of {', '.join(DIVERGENCES)}")
-
-
 def importance_weight(logp_new: torch.Tensor, logp_old: torch.Tensor,
                       clip: float | None = 2.0) -> torch.Tensor:
     """Detached min(exp(logp_new - logp_old), clip): corrects for the student having moved since
@@ -262,9 +242,90 @@ def importance_weight(logp_new: torch.Tensor, logp_old: torch.Tensor,
     return torch.exp(log_ratio.clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)).clamp(max=clip)
 
 
-def sdpo_loss(per_token_divergence: torch.Tensor, logp_new: torch.Tensor, logp_old: torch.Tensor,
-              mask: torch.Tensor, *, is_clip: float | None = 2.0,
-              normalizer: float | None = None) -> torch.Tensor:
-    """The SDPO objective: token_mean(divergence * importance_weight, mask) (a scalar)."""
-    weighted = per_token_divergence * importance_weight(logp_new, logp_old, is_clip)
-    return token_mean(weighted, mask, normalizer)
+# ---------------------------------------------------------------------------------------------
+# The SDPO objective
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class DistillationScores:
+    """One side's scores (student or teacher) at the completion positions.
+
+    `token_logprobs` ``[B, T]``: the log-prob of each sampled token. `logprobs`: full-vocabulary
+    log-softmax values, either on the student's top-k token ids ``[B, T, K]`` (the teacher read
+    at the STUDENT's ids) for ``topk``, or over the whole vocabulary ``[B, T, V]`` for ``full``;
+    None for ``sampled_token``, which needs the sampled tokens only.
+    """
+
+    token_logprobs: torch.Tensor
+    logprobs: torch.Tensor | None = None
+
+
+@dataclass
+class SDPOLossTerms:
+    """:func:`sdpo_loss`'s result: the scalar to minimise and its per-token parts."""
+
+    loss: torch.Tensor        # token_mean(divergence * weight, mask)
+    divergence: torch.Tensor  # [B, T] per-token divergence (with the student's graph)
+    weight: torch.Tensor      # [B, T] detached importance weight
+
+
+def scores_from_logits(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
+                       token_ids: torch.Tensor, mode: Divergence, topk: int = 100
+                       ) -> tuple[DistillationScores, DistillationScores]:
+    """Both sides' :class:`DistillationScores` from full logits ``[B, T, V]`` and the sampled
+    `token_ids` ``[B, T]`` (what :mod:`clbench.engine.logprobs` computes chunk by chunk from a
+    model, here from tensors at hand). The teacher's side carries no gradient."""
+    if mode not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {mode!r}; expected one of {', '.join(DIVERGENCES)}")
+    s = torch.log_softmax(student_logits.float(), dim=-1)
+    t = torch.log_softmax(teacher_logits.detach().float(), dim=-1)
+    ids = token_ids.long().unsqueeze(-1)
+    student = DistillationScores(torch.gather(s, -1, ids).squeeze(-1))
+    teacher = DistillationScores(torch.gather(t, -1, ids).squeeze(-1))
+    if mode == "topk":
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        top_logp, top_ids = torch.topk(s, k=min(topk, s.shape[-1]), dim=-1)
+        student.logprobs, teacher.logprobs = top_logp, torch.gather(t, -1, top_ids)
+    elif mode == "full":
+        student.logprobs, teacher.logprobs = s, t
+    return student, teacher
+
+
+def divergence_per_token(mode: Divergence, student: DistillationScores,
+                         teacher: DistillationScores, alpha: float = 0.5) -> torch.Tensor:
+    """The SDPO divergence `mode` at every completion position ``[B, T]``: ``sampled_token``
+    (:func:`sampled_token_divergence`, reverse KL by construction: `alpha` is ignored),
+    ``topk`` (:func:`topk_logprob_divergence`, with the tail bucket) or ``full``
+    (:func:`generalized_jsd` over the vocabulary)."""
+    if mode == "sampled_token":
+        return sampled_token_divergence(student.token_logprobs, teacher.token_logprobs)
+    if mode not in DIVERGENCES:
+        raise ValueError(f"unknown divergence {mode!r}; expected one of {', '.join(DIVERGENCES)}")
+    if student.logprobs is None or teacher.logprobs is None:
+        raise ValueError(f"the {mode} divergence needs both sides' `logprobs` (distributions), "
+                         "not only the sampled tokens'")
+    if mode == "topk":
+        return topk_logprob_divergence(student.logprobs, teacher.logprobs, alpha=alpha)
+    return generalized_jsd(student.logprobs, teacher.logprobs.detach(), alpha)
+
+
+def sdpo_loss(student: DistillationScores, teacher: DistillationScores, mask: torch.Tensor, *,
+              old_logprobs: torch.Tensor | None = None, divergence: Divergence = "topk",
+              alpha: float = 0.5, is_clip: float | None = 2.0,
+              normalizer: float | None = None) -> SDPOLossTerms:
+    """The SDPO objective, the one function the SDPO methods call:
+    ``token_mean(divergence(student, teacher) * min(p_new / p_old, is_clip), mask)``.
+
+    `old_logprobs` are the sampling policy's log-probs of the tokens (None: the student's own,
+    detached, so every weight is 1: one update per batch). `normalizer` is the token count of
+    the mean when `mask` covers only part of it (micro-batches, several processes). The
+    aggregation is the reference's token mean over every supervised token of the batch; TRL's
+    trainer averages per sequence first (equal when every sequence has as many supervised
+    tokens, which is how the two are compared in the tests).
+    """
+    per_token = divergence_per_token(divergence, student, teacher, alpha)
+    new = student.token_logprobs
+    old = new.detach() if old_logprobs is None else old_logprobs
+    weight = importance_weight(new, old, is_clip)
+    return SDPOLossTerms(token_mean(per_token * weight, mask, normalizer), per_token, weight)

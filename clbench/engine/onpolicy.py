@@ -130,8 +130,13 @@ class RolloutBatch:
         if self.total_tokens is None:
             raise ValueError("RolloutBatch.total_tokens is unset: the trainer sets it after "
                              "Objective.prepare")
-        loss = token_mean(per_token, mask, self.total_tokens)
-        return loss * self.world if self.world > 1 else loss
+        return self.rank_term(token_mean(per_token, mask, self.total_tokens))
+
+    def rank_term(self, mean: torch.Tensor) -> torch.Tensor:
+        """A mean over the step's supervised tokens of every rank (`total_tokens` in the
+        denominator) as this rank's term, averaged over the ranks like the gradients (times the
+        number of ranks; itself with one process)."""
+        return mean * self.world if self.world > 1 else mean
 
     def token_share(self, count: float) -> float:
         """A count over this rank's supervised tokens as this rank's term of a fraction of the

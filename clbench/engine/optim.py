@@ -41,7 +41,10 @@ class OptimizerSettings(MethodConfig):
                                 "(not applied to biases and norm weights).")
     max_grad_norm: float | None = Field(default=1.0, gt=0.0, description="Clip the global "
                                         "gradient norm to this value; null disables clipping.")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps from 0 to `lr`.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up of every stage "
+                              "from 0 to `lr` over this many optimizer steps (step s takes lr * "
+                              "s / warmup_steps: the first step only initialises AdamW's "
+                              "moments, as in the reference); at most the stage's steps - 1.")
     lr_schedule: Literal["constant", "linear", "cosine"] = Field(
         default="constant", description="Learning rate after warm-up: constant, linear decay "
         "to 0, or cosine decay to 0 over the stage.")
@@ -97,10 +100,22 @@ def build_optimizer(model: torch.nn.Module, settings: OptimizerSettings, lr: flo
                              fused=fused or None)
 
 
+def effective_warmup(warmup_steps: int, total_steps: int) -> int:
+    """Warm-up steps of a stage of `total_steps`: never so long that the stage ends before
+    the peak lr; at most ``total_steps - 1`` (a 1-step stage takes the peak lr at once)."""
+    return max(0, min(warmup_steps, total_steps - 1))
+
+
 def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str) -> float:
-    """Multiplier of the peak lr before optimizer step `step` (0-based)."""
+    """Multiplier of the peak lr for optimizer step `step` (0-based) of a stage.
+
+    Warm-up as the SDPO reference (verl) and transformers schedule it: ``step / W`` for the
+    first W = :func:`effective_warmup` steps (the first step takes lr 0: it only initialises
+    AdamW's moments), then the schedule over the remaining steps.
+    """
+    warmup_steps = effective_warmup(warmup_steps, total_steps)
     if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
+        return step / warmup_steps
     if schedule == "constant":
         return 1.0
     span = max(total_steps - warmup_steps, 1)

@@ -1,4 +1,4 @@
-"""Which completion tokens receive a distillation target: the answer/CoT split and token masks.
+"""Which completion tokens receive a distillation target: the response/reasoning split and masks.
 
 Definitions (also in ``docs/methods.md``)
 ------------------------------------------
@@ -7,22 +7,27 @@ covers a character span of ``text`` ending at ``end_i``: the length of the text 
 prefix ``y_1..y_i`` (made non-decreasing, see :func:`token_char_ends`). Special tokens such as
 EOS decode to nothing, so their span is empty and ends where the previous token ended.
 
-The task says where the answer starts: ``a = task.answer_start_for(example)(text)``, a character
-offset (default: after the last ``</think>``, else the start of the last non-empty line; tasks
-override it, e.g. tool use starts the answer at ``Action:``).
+A supervision mode names a character offset ``a`` where the supervised part starts; token ``i``
+is supervised iff ``end_i > a``: every token holding at least one character from ``a`` on,
+including a token that straddles the boundary (``" 37"`` when ``a`` points at ``3``). A token
+that ends exactly at ``a`` (``</think>`` itself, the newline before the last line) is not.
+``a = 0`` supervises the whole completion.
 
-- ``answer`` supervision: token ``i`` is supervised iff ``end_i > a``: every token that contains
-  at least one character of the answer, including a token that straddles the boundary (e.g.
-  ``" 37"`` when the answer starts at ``3``). A token that ends exactly at ``a`` (the newline
-  before the last line, ``</think>`` itself) is not supervised. In addition, the special tokens
-  that close the completion (EOS) are supervised by default: the decision to stop is part of
-  the answer, and without it a completion that stops before answering (``a = len(text)``, e.g.
-  an empty completion or one ending with ``</think>``) would get no signal at all and the model
-  could drift into stopping early unopposed.
-- ``all`` supervision (chain of thought): every token of the completion, EOS included.
+- ``response`` (SDPO, as the paper and the reference define it): ``a`` = just after the last
+  ``</think>``; a completion without one is all response (``a = 0``). The reasoning block gets no
+  target, everything after it does.
+- ``all`` (SDPO-CoT): every token of the completion, reasoning included (``a = 0``).
+- ``final_line`` (an ablation; earlier runs recorded it as ``answer``): ``a`` = the task's
+  answer start, ``task.answer_start_for(example)(text)`` (after ``</think>``, else the start of
+  the last non-empty line; math starts at the line holding the last ``\boxed``, tool use at the
+  call).
+  On arithmetic this leaves the line that computes the number without a target, so the teacher
+  can only say "box another number" (docs/methods.md has the measured effect).
 
-Either mode can leave the closing tokens out (``supervise_closing=False``, SDPO's
-``supervise_eos: false``): the decision to stop then gets no target.
+The special tokens that close a completion (EOS) are supervised in every mode by default: the
+decision to stop is part of the response, and without it a completion that stops before its
+supervised part (``a = len(text)``, e.g. an empty one or one ending with ``</think>``) would get
+no signal at all. ``supervise_closing=False`` (SDPO's ``supervise_eos: false``) leaves them out.
 
 Supervision density is the fraction of completion tokens that are supervised.
 
@@ -41,8 +46,31 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-Supervision = Literal["answer", "all"]
-SUPERVISION_MODES: tuple[str, ...] = ("answer", "all")
+Supervision = Literal["response", "all", "final_line"]
+SUPERVISION_MODES: tuple[str, ...] = ("response", "all", "final_line")
+#: Where a reasoning block ends; ``response`` supervision starts after the last one.
+REASONING_END = "</think>"
+
+
+def response_start(text: str) -> int:
+    """Character offset of the response: just after the last ``</think>``, else 0 (a
+    completion without a reasoning block is all response)."""
+    end = text.rfind(REASONING_END)
+    return end + len(REASONING_END) if end >= 0 else 0
+
+
+def supervised_start(text: str, mode: Supervision, answer_start: Callable[[str], int]) -> int:
+    """The offset ``a`` from which `mode` supervises `text`, clamped to ``[0, len(text)]`` so a
+    task returning an out-of-range offset cannot select phantom tokens. `answer_start` is the
+    task's final-line rule, used by ``final_line`` only."""
+    if mode == "all":
+        return 0
+    if mode == "response":
+        return response_start(text)
+    if mode == "final_line":
+        return min(max(int(answer_start(text)), 0), len(text))
+    raise ValueError(f"unknown supervision {mode!r}; expected one of "
+                     f"{', '.join(SUPERVISION_MODES)}")
 
 
 def token_char_ends(tokenizer: PreTrainedTokenizerBase, token_ids: Sequence[int], *,
@@ -110,56 +138,48 @@ def monotone_ends(raw_ends: Sequence[int]) -> list[int]:
 
 def answer_token_mask(token_ends: Sequence[int], answer_start: int,
                       closing_tokens: int = 0) -> list[bool]:
-    """Token i is an answer token iff its span ends after `answer_start` (``end_i > a``) or it
-    is one of the last `closing_tokens` tokens (the EOS that ends the completion)."""
+    """Token i is supervised iff its span ends after `answer_start` (``end_i > a``) or it is one
+    of the last `closing_tokens` tokens (the EOS that ends the completion); ``a = 0`` means the
+    whole completion (every token, even one whose span is empty)."""
     n = len(token_ends)
+    if answer_start <= 0:
+        return [True] * n
     return [end > answer_start or i >= n - closing_tokens for i, end in enumerate(token_ends)]
 
 
 def supervision_mask(text: str, token_ends: Sequence[int], mode: Supervision,
                      answer_start: Callable[[str], int], closing_tokens: int = 0) -> list[bool]:
-    """Per-token supervision of one completion: answer tokens (``answer``) or all (``all``).
+    """Per-token supervision of one completion under `mode` (``response``, ``all`` or
+    ``final_line``; see the module docstring), from every token's span end.
 
-    `answer_start` is the task's ``answer_start(text) -> char offset``; it is clamped to
-    ``[0, len(text)]`` so a task returning an out-of-range offset cannot select phantom tokens.
+    `answer_start` is the task's ``answer_start(text) -> char offset`` (``final_line`` only).
     `closing_tokens` is the number of special tokens ending the completion (1 for an EOS).
     """
-    if mode == "all":
-        return [True] * len(token_ends)
-    if mode != "answer":
-        raise ValueError(f"unknown supervision {mode!r}; expected one of "
-                         f"{', '.join(SUPERVISION_MODES)}")
-    start = min(max(int(answer_start(text)), 0), len(text))
-    return answer_token_mask(token_ends, start, closing_tokens)
+    return answer_token_mask(token_ends, supervised_start(text, mode, answer_start),
+                             closing_tokens)
 
 
 def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
                            token_ids: Sequence[int], mode: Supervision,
                            answer_start: Callable[[str], int],
                            supervise_closing: bool = True) -> list[bool]:
-    """:func:`supervision_mask` with token spans from :func:`token_char_ends`.
+    """:func:`supervision_mask` with token spans from the completion's token ids.
 
     `text` must be the completion text the grader saw (``decode(ids, skip_special_tokens=True)``,
-    possibly cut at a stop string: tokens past the cut then count as ending after the answer).
+    possibly cut at a stop string: tokens past the cut then count as ending after the start).
     The special tokens at the end of `token_ids` (the tokenizer's ``all_special_ids``: EOS) are
-    the closing tokens: supervised in either mode unless `supervise_closing` is off (then the
+    the closing tokens: supervised in every mode unless `supervise_closing` is off (then the
     decision to stop gets no target). Uses :func:`first_answer_token` (logarithmic in the
     completion length); with the closing tokens supervised, the result equals
     :func:`supervision_mask` on :func:`token_char_ends`.
     """
-    if mode not in SUPERVISION_MODES:
-        raise ValueError(f"unknown supervision {mode!r}; expected one of "
-                         f"{', '.join(SUPERVISION_MODES)}")
+    start = supervised_start(text, mode, answer_start)
     special = set(getattr(tokenizer, "all_special_ids", None) or [])
     n = len(token_ids)
     closing = 0
     while closing < n and token_ids[n - 1 - closing] in special:
         closing += 1
-    if mode == "all":
-        first = 0
-    else:
-        start = min(max(int(answer_start(text)), 0), len(text))
-        first = first_answer_token(tokenizer, token_ids, start) if n else 0
+    first = first_answer_token(tokenizer, token_ids, start) if n and start > 0 else 0
     return [(i >= first or i >= n - closing) and (supervise_closing or i < n - closing)
             for i in range(n)]
 

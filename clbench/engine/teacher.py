@@ -6,6 +6,8 @@ scores the student's own completion under that prompt. Templates are TRL's ``SDP
 defaults and lasgroup/SDPO's config-class defaults, character for character (its YAML config
 writes them as `|-` blocks, which drop the trailing newlines; docs/methods.md).
 A prompt over the length limit has its privileged text cut (:func:`fit_teacher_context`).
+Which verifier feedback a rollout may get is the feedback mode's choice (:func:`verifier_feedback`:
+`none`, as the reference's paper runs; `format`, as its math verifier; `rich`, every message).
 
 Weights. :class:`TeacherWeights` keeps the network that plays the teacher, always built from the
 in-memory student (a deep copy, never reloaded from disk, so it is right after stage 1 of a
@@ -46,6 +48,12 @@ if TYPE_CHECKING:
 
 TeacherMode = Literal["frozen", "ema", "live", "refresh"]
 TEACHER_MODES: tuple[str, ...] = ("frozen", "ema", "live", "refresh")
+FeedbackMode = Literal["none", "format", "rich"]
+FEEDBACK_MODES: tuple[str, ...] = ("none", "format", "rich")
+
+#: `feedback: format`'s text for a rollout cut at the token cap (the reference's math verifier
+#: says the same: truncation is a format problem, whatever the value).
+TRUNCATED_FEEDBACK = "Your response was cut off: it reached the length limit before it ended."
 
 # The reference templates, with the final newline of TRL's SDPOConfig and lasgroup/SDPO's config
 # class (the YAML that lasgroup/SDPO's scripts load drops it, and the sections' trailing "\n\n").
@@ -86,6 +94,32 @@ def reprompt_text(prompt: str, demonstration: str | None, feedback: str | None) 
         else ""
     critique = FEEDBACK_TEMPLATE.format(feedback=feedback) if feedback is not None else ""
     return REPROMPT_TEMPLATE.format(prompt=prompt, solution=solution, feedback=critique)
+
+
+def verifier_feedback(mode: FeedbackMode, feedback: str | None, format_error: bool,
+                      finished: bool) -> str | None:
+    """The feedback a rollout's teacher may see under `mode` (None: none).
+
+    - ``none`` (the default, as the reference's paper runs): no feedback at all;
+    - ``format`` (the reference's math verifier): a rollout cut at the token cap is told so
+      (:data:`TRUNCATED_FEEDBACK`), one with no readable answer gets the grader's format message
+      (`Grade.format_error`); a wrong value gets nothing;
+    - ``rich``: the grader's feedback as it is, wrong values included ("Your answer 41 is wrong.",
+      "Argument `city` has a wrong value").
+
+    Whether feedback reaches the teacher prompt is decided afterwards by
+    :func:`plan_teacher_contexts` (failed rollouts only, by default only without a demonstration).
+    """
+    if mode == "none":
+        return None
+    if mode == "format":
+        if not finished:
+            return TRUNCATED_FEEDBACK
+        return feedback if format_error else None
+    if mode == "rich":
+        return feedback
+    raise ValueError(f"unknown feedback mode {mode!r}; expected one of "
+                     f"{', '.join(FEEDBACK_MODES)}")
 
 
 def build_teacher_messages(prompt_messages: Messages, demonstration: str | None,
@@ -140,8 +174,7 @@ class TeacherContext:
 
 def plan_teacher_contexts(prompt_messages: Messages, rewards: Sequence[float],
                           texts: Sequence[str], feedbacks: Sequence[str | None] | None = None, *,
-                          threshold: float = 0.5, use_feedback: bool = True,
-                          feedback_with_demo: bool = False,
+                          threshold: float = 0.5, feedback_with_demo: bool = False,
                           reference: str | None = None,
                           strip_reasoning: bool = True) -> list[TeacherContext]:
     """Teacher contexts of the n rollouts of one prompt.
@@ -149,10 +182,10 @@ def plan_teacher_contexts(prompt_messages: Messages, rewards: Sequence[float],
     - demonstration: the first other rollout with reward >= `threshold`
       (:func:`select_demonstrations`); when there is none and `reference` is given (the task's
       reference solution, opt-in privileged context), the reference;
-    - feedback: the verifier's feedback on this rollout, used when `use_feedback` is on, the
-      feedback is non-empty, the rollout itself failed (reward < `threshold`: the template
-      calls it an "unsuccessful earlier attempt") and, unless `feedback_with_demo`,
-      it has no demonstration (the reference config's
+    - feedback: the feedback on this rollout (`feedbacks`, as the feedback mode chose it:
+      :func:`verifier_feedback`), used when it is non-empty, the rollout itself failed (reward
+      < `threshold`: the template calls it an "unsuccessful earlier attempt") and, unless
+      `feedback_with_demo`, it has no demonstration (the reference config's
       `environment_feedback_only_without_solution`).
     """
     demos = select_demonstrations(rewards, texts, threshold)
@@ -166,7 +199,7 @@ def plan_teacher_contexts(prompt_messages: Messages, rewards: Sequence[float],
             demo, source = reference, "reference"
         if demo is not None and strip_reasoning:
             demo = remove_reasoning(demo)
-        wanted = use_feedback and (demo is None or feedback_with_demo)
+        wanted = demo is None or feedback_with_demo
         used_fb = fb if (wanted and fb and fb.strip() and reward < threshold) else None
         messages = build_teacher_messages(prompt_messages, demo, used_fb, strip_reasoning=False)
         out.append(TeacherContext(messages, demo, used_fb, source))

@@ -40,11 +40,16 @@ class Example:
 
 @dataclass(frozen=True)
 class Grade:
-    """The verdict on one completion: reward in [0, 1], correctness, verifier feedback."""
+    """The verdict on one completion: reward in [0, 1], correctness, verifier feedback.
+
+    `format_error` says the completion held no answer the grader could read (no `\\boxed{}`, no
+    `Answer:` line, no function call): its feedback is about the format, not the value, and is
+    the only feedback SDPO's `feedback: format` passes on (as the reference's math verifier)."""
 
     reward: float
     correct: bool
     feedback: str | None = None
+    format_error: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.reward <= 1.0:
@@ -55,6 +60,15 @@ class TaskParams(BaseModel):
     """Base of a task source's parameters (empty by default)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    #: Parameters that change how items are written, not which items are drawn: left out of
+    #: :meth:`draw_key`, so adding one (at any value) keeps every suite's items as they were.
+    FORMAT_ONLY: ClassVar[frozenset[str]] = frozenset({"think"})
+
+    def draw_key(self) -> str:
+        """The parameters that decide which items are drawn, as canonical JSON (the seed of a
+        source's item generator)."""
+        return self.model_dump_json(exclude=set(self.FORMAT_ONLY & set(type(self).model_fields)))
 
 
 class TaskSource(ABC):
@@ -106,6 +120,23 @@ class TaskSource(ABC):
         """A tighter token cap than the stage's for rollouts of `example`, or None (the
         stage's). The joint reference's mixture gives each item its own stage's cap."""
         return None
+
+
+def think_field_description() -> str:
+    """The documentation of the offline families' `think` parameter (one wording for all)."""
+    return ("Reasoning format: the worked example (and every reference solution) puts its working "
+            "inside `<think>...</think>` before the final answer; `sdpo` then supervises the "
+            "answer after the block, `sdpo-cot` the block too. The example alone teaches it: an "
+            "instruction naming the tags made the embedded model close the block and stop "
+            "(docs/tasks.md).")
+
+
+def reasoned(working: str, final: str, think: bool) -> str:
+    """A response of working then final answer: ``working\nfinal``, or in the reasoning format
+    ``<think>\nworking\n</think>\nfinal``."""
+    if think:
+        return f"<think>\n{working}\n</think>\n{final}"
+    return f"{working}\n{final}" if working else final
 
 
 def default_answer_start(completion: str) -> int:

@@ -185,7 +185,7 @@ class HubSource(TaskSource):
                                    "split (use it as a probe, or train on another source)")
             raise HubDataError(f"{self.name}: no usable {split} records (check the dataset's "
                                "configuration and the source's filters)")
-        rng = seeded_rng(self.name, self.params.model_dump_json(), split, seed)
+        rng = seeded_rng(self.name, self.params.draw_key(), split, seed)
         chosen = rng.sample(items, min(size, len(items)))
         return [Example(id=f"{self.name}:{it.key}", messages=self.messages(it),
                         reference=it.reference, answer=it.answer,

@@ -24,7 +24,8 @@ from typing import Any
 from pydantic import Field
 
 from clbench.tasks.base import (Example, Grade, Split, TaskParams, TaskSource,
-                                default_answer_start, draw_distinct, one_shot, seeded_rng)
+                                default_answer_start, draw_distinct, one_shot, reasoned,
+                                seeded_rng, think_field_description)
 from clbench.tasks.grading import extract_boxed, math_equivalent, quote
 
 BOXED_INSTRUCTION = "Put the final answer in \\boxed{}."
@@ -35,7 +36,7 @@ def grade_boxed(gold: str, completion: str, reveal: bool = False) -> Grade:
     """Binary reward: the last `\\boxed{}` equals `gold` exactly or by math_verify."""
     pred = extract_boxed(completion)
     if pred is None or not pred.strip():
-        return Grade(0.0, False, NO_BOXED_FEEDBACK)
+        return Grade(0.0, False, NO_BOXED_FEEDBACK, format_error=True)
     if math_equivalent(pred, str(gold)):
         return Grade(1.0, True, None)
     feedback = f"Your answer {quote(pred)} is wrong."
@@ -65,7 +66,12 @@ class Problem:
 
     @property
     def reference(self) -> str:
-        return "\n".join(self.steps) + f"\n\\boxed{{{self.answer}}}"
+        return self.response(think=False)
+
+    def response(self, think: bool) -> str:
+        """The worked solution: its steps, then the boxed answer (steps inside the reasoning
+        block with `think`)."""
+        return reasoned("\n".join(self.steps), f"\\boxed{{{self.answer}}}", think)
 
 
 class ProceduralParams(TaskParams):
@@ -75,6 +81,7 @@ class ProceduralParams(TaskParams):
                                  "space reserved for evaluation (assigned by a hash of the item).")
     reveal_answer_in_feedback: bool = Field(default=False, description="Let the grader's "
                                             "feedback state the gold answer.")
+    think: bool = Field(default=False, description=think_field_description())
 
 
 class ProceduralMath(TaskSource):
@@ -89,14 +96,14 @@ class ProceduralMath(TaskSource):
 
     def demo(self) -> Problem:
         """The worked example shown before every question (same for all items)."""
-        return self.generate(seeded_rng(self.name, self.params.model_dump_json(), "demo"))
+        return self.generate(seeded_rng(self.name, self.params.draw_key(), "demo"))
 
     def prompt(self, problem: Problem) -> str:
         return f"{problem.question} {BOXED_INSTRUCTION}"
 
     def build(self, split: Split, seed: int, size: int) -> list[Example]:
         demo = self.demo()
-        rng = seeded_rng(self.name, self.params.model_dump_json(), split, seed)
+        rng = seeded_rng(self.name, self.params.draw_key(), split, seed)
 
         def make(r: random.Random) -> tuple[str, Problem]:
             p = self.generate(r)
@@ -106,9 +113,10 @@ class ProceduralMath(TaskSource):
                                  exclude=frozenset([demo.key]), what=f"{self.name} problems")
         out = []
         for p in problems:
-            messages = one_shot(None, self.prompt(demo), demo.reference, self.prompt(p))
+            think = self.params.think
+            messages = one_shot(None, self.prompt(demo), demo.response(think), self.prompt(p))
             out.append(Example(id=f"{self.name}:{p.key}", messages=messages,
-                               reference=p.reference, answer=str(p.answer),
+                               reference=p.response(think), answer=str(p.answer),
                                metadata={"family": self.name, "key": p.key}))
         return out
 

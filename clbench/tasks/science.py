@@ -26,7 +26,7 @@ from typing import Any, Callable
 from pydantic import Field, field_validator
 
 from clbench.tasks.base import (Example, Grade, Split, TaskParams, TaskSource, draw_distinct,
-                                one_shot, seeded_rng)
+                                one_shot, reasoned, seeded_rng, think_field_description)
 from clbench.tasks.chemistry import (compounds, constants, elements, formula_counts, molar_mass,
                                      units)
 from clbench.tasks.grading import (extract_answer_line, extract_boxed, extract_choice,
@@ -212,6 +212,7 @@ class FactParams(TaskParams):
                                  "family's item space reserved for evaluation (by item hash).")
     reveal_answer_in_feedback: bool = Field(default=False, description="Let the grader's "
                                             "feedback state the gold answer.")
+    think: bool = Field(default=False, description=think_field_description())
 
     @field_validator("families")
     @classmethod
@@ -225,7 +226,7 @@ class _FactSource(TaskSource):
 
     def _draw(self, split: Split, seed: int, size: int) -> tuple[list[Fact], dict[str, Fact]]:
         demos = {f: FAMILIES[f](seeded_rng(self.name, f, "demo")) for f in self.params.families}
-        rng = seeded_rng(self.name, self.params.model_dump_json(), split, seed)
+        rng = seeded_rng(self.name, self.params.draw_key(), split, seed)
 
         def make(r: random.Random) -> tuple[str, tuple[str, Fact]]:
             family = r.choice(self.params.families)
@@ -247,12 +248,13 @@ class Facts(_FactSource):
     def build(self, split: Split, seed: int, size: int) -> list[Example]:
         drawn, demos = self._draw(split, seed, size)
         out = []
+        think = self.params.think
         for family, fact in drawn:
             demo = demos[family]
             messages = one_shot(None, f"{demo.question} {ANSWER_INSTRUCTION}",
-                                _reference(demo), f"{fact.question} {ANSWER_INSTRUCTION}")
+                                _reference(demo, think), f"{fact.question} {ANSWER_INSTRUCTION}")
             out.append(Example(id=f"{self.name}:{fact.key}", messages=messages,
-                               reference=_reference(fact),
+                               reference=_reference(fact, think),
                                answer={"value": fact.answer, "kind": fact.kind,
                                        "rel_tol": fact.rel_tol},
                                metadata={"family": family, "key": fact.key}))
@@ -263,7 +265,7 @@ class Facts(_FactSource):
         pred = extract_answer_line(completion) or extract_tag(completion) or \
             extract_boxed(completion)
         if pred is None:
-            return Grade(0.0, False, NO_ANSWER_FEEDBACK)
+            return Grade(0.0, False, NO_ANSWER_FEEDBACK, format_error=True)
         if _short_answer_matches(pred, gold["value"], gold["kind"], gold["rel_tol"]):
             return Grade(1.0, True, None)
         feedback = f"Your answer {quote(pred)} is wrong."
@@ -272,12 +274,12 @@ class Facts(_FactSource):
         return Grade(0.0, False, feedback)
 
 
-def _reference(fact: Fact) -> str:
+def _reference(fact: Fact, think: bool = False) -> str:
     answer = fact.answer
     if fact.kind == "number" and "e" in answer:
         mant, exp = answer.split("e")
         answer = f"{mant} × 10^{exp}"
-    return f"{fact.working}\nAnswer: {answer}"
+    return reasoned(fact.working, f"Answer: {answer}", think)
 
 
 _LEADING_NUMBER = re.compile(
@@ -348,13 +350,16 @@ class MCQ(_FactSource):
     def build(self, split: Split, seed: int, size: int) -> list[Example]:
         drawn, demos = self._draw(split, seed, size)
         out = []
+        think = self.params.think
         for family, fact in drawn:
             demo_q, demo_letter = _mcq_prompt(demos[family])
             question, letter = _mcq_prompt(fact)
-            messages = one_shot(None, demo_q, f"{demos[family].working}\n<answer>{demo_letter}"
-                                "</answer>", question)
+            messages = one_shot(None, demo_q, reasoned(demos[family].working,
+                                                       f"<answer>{demo_letter}</answer>", think),
+                                question)
             out.append(Example(id=f"{self.name}:{fact.key}", messages=messages,
-                               reference=f"{fact.working}\n<answer>{letter}</answer>",
+                               reference=reasoned(fact.working, f"<answer>{letter}</answer>",
+                                                  think),
                                answer=letter, metadata={"family": family, "key": fact.key}))
         return out
 
@@ -376,7 +381,7 @@ def grade_choice(gold: str, completion: str, reveal: bool = False,
     """Binary reward for a multiple-choice answer letter."""
     choice = extract_choice(completion, letters)
     if choice is None:
-        return Grade(0.0, False, NO_CHOICE_FEEDBACK)
+        return Grade(0.0, False, NO_CHOICE_FEEDBACK, format_error=True)
     if choice == gold:
         return Grade(1.0, True, None)
     feedback = f"Your answer {choice} is wrong."

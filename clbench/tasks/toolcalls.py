@@ -15,8 +15,11 @@ from typing import Any
 
 from clbench.tasks.toolcall_parsing import MAX_CALLS, ToolCall, calls_start, parse_calls
 
-__all__ = ["ToolCall", "calls_start", "check_calls", "compare_call", "grade_calls",
-           "normalize_string", "parse_calls", "safe_feedback", "values_equal"]
+__all__ = ["NO_CALL_FEEDBACK", "ToolCall", "calls_start", "check_calls", "compare_call",
+           "grade_calls", "normalize_string", "parse_calls", "safe_feedback", "values_equal"]
+
+#: The feedback on a completion without a readable call: a format error (`Grade.format_error`).
+NO_CALL_FEEDBACK = "No function call found."
 
 # BFCL type names (plus JSON Schema's) -> the Python types a parsed value may have.
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -187,7 +190,7 @@ def check_calls(calls: list[ToolCall], expected: list[dict[str, Any]],
     """
     schemas = schemas or {}
     if not calls:
-        return False, "No function call found."
+        return False, NO_CALL_FEEDBACK
     if len(calls) != len(expected):
         got = f"{len(calls)} or more" if len(calls) >= MAX_CALLS else str(len(calls))
         if len(expected) == 1:

@@ -26,8 +26,8 @@ from pydantic import Field, model_validator
 
 from clbench.errors import UserError
 from clbench.tasks.base import (Example, Grade, Split, TaskParams, TaskSource, one_shot,
-                                seeded_rng, split_of)
-from clbench.tasks.toolcalls import calls_start, grade_calls
+                                reasoned, seeded_rng, split_of, think_field_description)
+from clbench.tasks.toolcalls import NO_CALL_FEEDBACK, calls_start, grade_calls
 
 JSON_FORMAT = 'Respond with only a JSON object of the form {"name": ..., "arguments": {...}}.'
 JSON_LIST_FORMAT = ('Respond with only a JSON list with one object per call, each of the form '
@@ -58,12 +58,21 @@ class ToolUseSource(TaskSource):
         expected = example.answer["calls"]
         schemas = {s["name"]: s for s in example.answer.get("schemas", [])}
         correct, feedback = grade_calls(completion, expected, schemas)
-        return Grade(reward=1.0 if correct else 0.0, correct=correct, feedback=feedback)
+        return Grade(reward=1.0 if correct else 0.0, correct=correct, feedback=feedback,
+                     format_error=feedback == NO_CALL_FEEDBACK)
 
     def answer_start(self, completion: str) -> int:
         """The call itself is the answer; any "Thought:" text before it is the reasoning."""
         start = calls_start(completion)
         return start if start is not None else super().answer_start(completion)
+
+
+def call_response(fn: dict, arguments: dict[str, Any], think: bool) -> str:
+    """The response that makes a call: its JSON, after a one-line working in the reasoning
+    format (which function the request needs; kept short so a call fits the starter's token
+    cap)."""
+    call = call_json(fn["name"], arguments)
+    return reasoned(f"The request needs {fn['name']}.", call, think) if think else call
 
 
 def reference_arguments(allowed: dict[str, list], required: list[str] = ()) -> dict[str, Any]:
@@ -198,6 +207,8 @@ class GeneratedParams(TaskParams):
                           "expected call.")
     eval_fraction: float = Field(default=0.2, gt=0.0, lt=1.0, description="Share of distinct "
                                  "calls assigned to the eval split.")
+    think: bool = Field(default=False, description=think_field_description() + " The working "
+                        "names the function the request needs.")
 
     @model_validator(mode="after")
     def _demo_needs_another_function(self) -> GeneratedParams:
@@ -282,12 +293,14 @@ class GeneratedTools(ToolUseSource):
             demo_request, demo_args, _ = self._request(demo_fn, rng)
         rng.shuffle(candidates)
         schemas = [function_schema(f, self.slots) for f in candidates]
+        think = p.think
         system = function_listing(schemas) + JSON_FORMAT
-        messages = one_shot(system, demo_request, call_json(demo_fn["name"], demo_args), request)
+        messages = one_shot(system, demo_request, call_response(demo_fn, demo_args, think),
+                            request)
         example = Example(
             id="toolgen-" + hashlib.sha256(key.encode()).hexdigest()[:12],
             messages=messages,
-            reference=call_json(fn["name"], args),
+            reference=call_response(fn, args, think),
             answer={"calls": [{"name": fn["name"], "arguments": allowed}],
                     "schemas": [function_schema(fn, self.slots)]},
             metadata={"family": family, "function": fn["name"], "n_args": len(args),
@@ -296,7 +309,7 @@ class GeneratedTools(ToolUseSource):
         return key, example
 
     def build(self, split: Split, seed: int, size: int) -> list[Example]:
-        rng = seeded_rng(self.name, self.params.model_dump_json(), split, seed)
+        rng = seeded_rng(self.name, self.params.draw_key(), split, seed)
         seen: set[str] = set()
         out: list[Example] = []
         misses = 0  # draws in a row that gave nothing new: the item space is exhausted
