@@ -124,6 +124,35 @@ def _hardware(result: RunResult) -> str:
     return kind if processes == 1 else f"{kind} x{processes}"
 
 
+def settings_in_force(result: RunResult) -> dict[str, Any] | None:
+    """The run's method settings that differ from the installed method's defaults (from the
+    suite's `methods:` block or `--set method.X`), read as the installed method reads them; None
+    when the method is not installed or no longer reads them (the recorded config then stands
+    as written in results.json)."""
+    from clbench import registry
+    from clbench.rundir import method_config_as_read
+
+    try:
+        defaults = registry.load_method_class(result.method.name).Config().model_dump(mode="json")
+    except UserError:
+        return None
+    config = method_config_as_read(result.method.name, result.method.config)
+    if not isinstance(config, dict) or set(config) != set(defaults):
+        return None
+    return {k: v for k, v in config.items() if v != defaults[k]}
+
+
+def settings_line(result: RunResult) -> str:
+    """`method settings: lr=3e-06, ...`, `the method's defaults`, or where they are recorded."""
+    settings = settings_in_force(result)
+    if settings is None:
+        return f"{result.method.name}'s settings as recorded in results.json (not readable by " \
+            "the installed method)"
+    if not settings:
+        return f"{result.method.name}'s defaults"
+    return ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in settings.items())
+
+
 def _setting_label(name: str, key: str, configs: dict[str, Any]) -> str:
     """`sdpo`, or `sdpo (lr=1e-06)` when runs of `sdpo` differ in settings: the settings of
     the run with config `key` that are not the same in all of them."""

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from clbench.comparison import (comparison, comparison_groups, comparison_tables,
                                 cost_comparison, cost_tables, format_gib, metric_order,
-                                print_comparison)
+                                print_comparison, settings_line)
 from clbench.errors import UserError
 from clbench.joint import add_intransigence
 from clbench.progress import clock_time
@@ -85,6 +85,7 @@ def print_summary(console: Console, result: RunResult) -> None:
     from rich.table import Table
 
     print_uncut(console, matrix_table(result))
+    console.print(f"[dim]method settings: {escape(settings_line(result))}[/]", soft_wrap=True)
     console.print(f"[dim]{compute_heading(result)}: {escape(compute_summary(result))}[/]",
                   soft_wrap=True)
     if not result.metrics:
@@ -231,7 +232,8 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
                               for label, row in zip(r.row_labels, r.matrix)))
             out += ["", "Items per cell: " + ", ".join(
                 f"{c.name} {n}" for c, n in zip(r.columns, counts)) + "."]
-        out += ["", f"{compute_heading(r).capitalize()}: {compute_summary(r)}."]
+        out += ["", f"Method settings: {settings_line(r)}.",
+                "", f"{compute_heading(r).capitalize()}: {compute_summary(r)}."]
         if (state := standing(where, r)) is not None:
             out += ["", f"Status: {state}."]
         if r.metrics:
@@ -283,7 +285,9 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
                        "-" if b.lr is None else f"{b.lr:g}")
     print_uncut(console, stages)
 
-    columns = Table(title="evaluation columns", title_justify="left", box=box.SIMPLE_HEAD,
+    title = "evaluation columns" if suite.protocol.split == "eval" else \
+        "evaluation columns, scored on validation items (training-split items never trained on)"
+    columns = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD,
                     show_edge=False, collapse_padding=True)
     for col in ("column", "kind", "source", "items"):
         columns.add_column(col, no_wrap=True)

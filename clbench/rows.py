@@ -21,7 +21,7 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.console import Console
 
@@ -32,7 +32,7 @@ from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, re
 from clbench.progress import AnyProgress
 from clbench.results import Cell, RunResult
 from clbench.seeding import derive_seed
-from clbench.specs import RunSpec
+from clbench.specs import RunSpec, TaskSpec
 
 if TYPE_CHECKING:
     from clbench.engine.distributed import Distributed
@@ -60,15 +60,35 @@ def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
         task = registry.build_task(stage.task, where=f"stages[{i}].task.params")
         stage_tasks.append(task)
         size = stage.task.eval_size or suite.protocol.eval_size
-        plans.append(ColumnPlan(stage.name, task, task.examples("eval", stage.task.seed, size)))
+        plans.append(ColumnPlan(stage.name, task,
+                                column_items(task, stage.task, size, suite.protocol.split)))
     for i, probe in enumerate(suite.probes):
         if probe.task is not None:
             task = registry.build_task(probe.task, where=f"probes[{i}].task.params")
             size = probe.task.eval_size or suite.protocol.eval_size
-            plans.append(ColumnPlan(probe.name, task, task.examples("eval", probe.task.seed, size)))
+            plans.append(ColumnPlan(probe.name, task,
+                                    column_items(task, probe.task, size, suite.protocol.split,
+                                                 stage=False)))
         else:
             plans.append(ColumnPlan(probe.name, probe=probe.lm_eval))
     return plans, stage_tasks
+
+
+def column_items(task: TaskSource, spec: TaskSpec, size: int,
+                 split: Literal["eval", "validation"] = "eval", stage: bool = True
+                 ) -> list[Example]:
+    """The `size` items that score a column: the task's evaluation items, or its validation
+    items: training-split items never trained on (for a `stage`, those after the `train_size`
+    items it trains on; a probe trains on none) and never evaluation items (train and eval
+    splits are disjoint by construction). A stage's training items are left out by id, so this
+    holds whether or not the source draws a larger set as an extension of a smaller one."""
+    if split == "eval":
+        return task.examples("eval", spec.seed, size)
+    if not stage:
+        return task.examples("train", spec.seed, size)
+    trained = {e.id for e in task.examples("train", spec.seed, spec.train_size)}
+    drawn = task.examples("train", spec.seed, spec.train_size + size)
+    return [e for e in drawn if e.id not in trained][:size]
 
 
 def evaluation_stamp(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, Any]) -> str:

@@ -166,6 +166,12 @@ class ProtocolSpec(Spec):
                                      "variants.")
     eval_size: int = Field(default=200, ge=1, description="Evaluation items per column unless "
                            "a task sets `eval_size`.")
+    split: Literal["eval", "validation"] = Field(
+        default="eval", description="Which items score the task columns: `eval`, the tasks' "
+        "evaluation split, or `validation`, items of their training split that the run never "
+        "trains on (a stage's drawn after its `train_size` items; a probe's first ones): for "
+        "choosing hyperparameters without touching evaluation items, e.g. `clbench sweep ... "
+        "--set protocol.split=validation`.")
     decoding: DecodingSpec = Field(default_factory=DecodingSpec, description="Evaluation "
                                    "decoding.")
     diagnostics: list[DiagnosticName] = Field(default_factory=list, description="Reserved for "
@@ -204,8 +210,10 @@ class ModelSpec(Spec):
                                     "repository to run; only set for repositories you trust.")
 
 
-#: Suite fields that do not change what a run measures (left out of its hash and identity).
-MEASURED_EXCLUDES = {"description"}
+#: Suite fields that do not change what a run measures (left out of its hash and identity):
+#: the prose, and the per-method settings, which reach a run through its method config (where
+#: they are recorded and compared) and must not make another suite of every other method's runs.
+MEASURED_EXCLUDES = {"description", "methods"}
 
 
 class SuiteSpec(Spec):
@@ -222,6 +230,12 @@ class SuiteSpec(Spec):
     probes: list[ProbeSpec] = Field(default_factory=list, description="Held-out columns.")
     protocol: ProtocolSpec = Field(default_factory=ProtocolSpec, description="Measurement "
                                    "protocol.")
+    methods: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Settings per method, applied when that method runs, "
+        "e.g. `{sdpo: {lr: 3e-6}, grpo: {lr: 1e-6}}`: each block is validated against its "
+        "method's config (`clbench methods show NAME`); `--set method.X` wins over it. A run "
+        "records the settings in force in its method config; they are not part of the suite's "
+        "hash.")
 
     @field_validator("schema_version")
     @classmethod
@@ -244,7 +258,8 @@ class SuiteSpec(Spec):
         """A stable hash of the suite's content (canonical JSON, key order independent).
 
         The `description` is prose about the suite, not part of what is measured: rewording it
-        does not make another suite (nor turn a run folder into another run's)."""
+        does not make another suite (nor turn a run folder into another run's). Nor do the
+        per-method `methods` settings: a run's method config records those in force."""
         canonical = json.dumps(self.model_dump(mode="json", exclude=MEASURED_EXCLUDES),
                                sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

@@ -161,10 +161,13 @@ def load_suite(ref: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Su
     return validate_model(SuiteSpec, data, _override_source(path, overrides))
 
 
-def _size_problems(task: TaskSpec, trained: bool, eval_size: int) -> list[str]:
+def _size_problems(task: TaskSpec, trained: bool, eval_size: int, split: str = "eval"
+                   ) -> list[str]:
     """Whether an offline source can give the items asked of it (`train_size` for a stage,
-    `eval_size` for every column): drawing them takes milliseconds, and finding out at the
-    stage would come after row 0. Hub sources are checked when the run loads their data."""
+    `eval_size` for every column, from the training split after the `train_size` items when
+    columns are scored on `validation` items): drawing them takes milliseconds, and finding out
+    at the stage would come after row 0. Hub sources are checked when the run loads their
+    data."""
     try:
         source = registry.build_task(task, where="params")
     except SpecError as exc:  # a combination of parameters the source refuses
@@ -172,13 +175,20 @@ def _size_problems(task: TaskSpec, trained: bool, eval_size: int) -> list[str]:
     if source.origin != "offline":
         return []
     wanted = [("train_size", "train", task.train_size)] if trained else []
-    wanted.append(("eval_size", "eval", task.eval_size or eval_size))
+    size = task.eval_size or eval_size
+    if split == "validation" and trained:
+        wanted.append((f"eval_size (validation: {size} training items after train_size)",
+                       "train", task.train_size + size))
+    elif split == "validation":  # a probe trains on none: its first training items
+        wanted.append(("eval_size (validation items of the training split)", "train", size))
+    else:
+        wanted.append(("eval_size", "eval", size))
     problems = []
-    for field, split, size in wanted:
+    for field, part, count in wanted:
         try:
-            source.examples(split, task.seed, size)  # type: ignore[arg-type]
+            source.examples(part, task.seed, count)  # type: ignore[arg-type]
         except UserError as exc:
-            problems.append(f"{field}={size}: {exc}")
+            problems.append(f"{field}={count}: {exc}" if "(" not in field else f"{field}: {exc}")
     return problems
 
 
@@ -202,11 +212,13 @@ def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | No
             problems += [f"{prefix}{line}" for line in str(exc).splitlines()]
             continue
         problems += [f"{prefix}{where}.{problem}" for problem in
-                     _size_problems(task, trained, suite.protocol.eval_size)]
+                     _size_problems(task, trained, suite.protocol.eval_size,
+                                    suite.protocol.split)]
     try:
         check_model_name(suite.model.name)
     except SpecError as exc:
         problems.append(f"{prefix}model.name: {exc}")
+    problems += [f"{prefix}{line}" for line in method_settings_problems(suite)]
     base = Path(source).parent if source else None
     for i, probe in enumerate(suite.probes):
         include = probe.lm_eval.include_path if probe.lm_eval else None
@@ -220,6 +232,27 @@ def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | No
                             "exist (relative paths resolve against the suite file)")
     if problems:
         raise SpecError("\n".join(problems))
+
+
+def method_settings_problems(suite: SuiteSpec) -> list[str]:
+    """Problems of the suite's `methods:` block, one line each, named by path: a method that is
+    not installed, a field its config does not take, a value it refuses."""
+    problems = []
+    for name, params in suite.methods.items():
+        try:
+            registry.validate_method_params(name, params, where=f"methods.{name}")
+        except registry.PluginError as exc:
+            problems.append(f"methods.{name}: {exc}")
+        except SpecError as exc:
+            problems += str(exc).splitlines()
+    return problems
+
+
+def method_settings(suite: SuiteSpec, method: str, overrides: Sequence[str] = ()
+                    ) -> dict[str, Any]:
+    """The parameters a run of `method` gets: the suite's `methods.<method>` block, then the
+    `--set method.X` overrides (prefix removed) on top."""
+    return apply_overrides(suite.methods.get(method, {}), overrides)
 
 
 def default_out_dir(suite_name: str, method: str, seed: int) -> str:
@@ -271,7 +304,7 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
                 from None
     model_spec = model_spec.model_copy(update={"name": absolute_model_name(model_spec.name)})
 
-    params = apply_overrides({}, method_sets)
+    params = method_settings(suite, method_name, method_sets)
     registry.validate_method_params(method_name, params, where="method")
     out = os.fspath(out_dir) if out_dir is not None else default_out_dir(
         suite.name, method_name + ("-joint" if joint else ""), seed)
@@ -298,6 +331,7 @@ def _validate_at(model: type[BaseModel], data: dict[str, Any], prefix: str) -> A
 
 __all__ = [
     "SUITE_PATH_ENV", "SuiteInfo", "SuiteNotFoundError", "apply_overrides", "build_run_spec",
-    "default_out_dir", "list_suites", "load_suite", "resolve_suite", "suite_dirs",
+    "default_out_dir", "list_suites", "load_suite", "method_settings",
+    "method_settings_problems", "resolve_suite", "suite_dirs",
     "split_overrides", "validate_suite_plugins",
 ]
