@@ -35,13 +35,10 @@ from clbench.engine.logprobs import completion_distributions, completion_logprob
 from clbench.engine.losses import DistillationScores, sdpo_loss
 from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings, OnPolicyTrainer,
                                      RolloutBatch)
-from clbench.engine.supervision import completion_supervision, random_token_mask
-from clbench.engine.teacher import (TeacherWeights, fit_teacher_context, plan_teacher_contexts,
-                                    verifier_feedback)
+from clbench.engine.supervision import Supervision, completion_supervision, random_token_mask
+from clbench.engine.teacher import (FeedbackMode, TeacherWeights, fit_teacher_context,
+                                    plan_teacher_contexts, verifier_feedback)
 from clbench.tasks.base import seeded_rng
-
-Supervision = Literal["response", "all", "final_line"]
-Feedback = Literal["none", "format", "rich"]
 
 
 class SDPOConfig(OnPolicySettings):
@@ -78,7 +75,7 @@ class SDPOConfig(OnPolicySettings):
                                     "ceil(fraction * steps).")
     demo_threshold: float = Field(default=0.5, ge=0.0, le=1.0, description="A sibling rollout "
                                   "with reward >= this is a demonstration.")
-    feedback: Feedback = Field(
+    feedback: FeedbackMode = Field(
         default="none", json_schema_extra={VALUE_BEFORE_FIELD: "rich"},
         description="Verifier feedback in a failed rollout's teacher context: `none` (the "
         "reference's paper runs), `format` (only a cut-off response or one without a readable "

@@ -104,10 +104,11 @@ class TaskSource(ABC):
         """Grade a completion of `example`. Pure, bounded in time on any input."""
 
     def answer_start(self, completion: str) -> int:
-        """Character offset where the answer part of a completion starts.
+        """Character offset where the final answer of a completion starts.
 
-        Used by answer-only supervision (SDPO): tokens from this offset on are the "answer".
-        Default: after the last `</think>` if present, else the start of the last non-empty line.
+        Used by SDPO's `supervision: final_line` (an ablation: tokens from this offset on get a
+        target). Default: after the last `</think>` if present, else the start of the last
+        non-empty line.
         """
         return default_answer_start(completion)
 
