@@ -52,17 +52,19 @@ def reference_logprobs(model: Any, tok: Any, examples: list, autocast: Any
     from clbench.engine.logprobs import completion_logprobs
     from clbench.engine.rollout import encode_chat
     from clbench.engine.supervision import first_answer_token
+    from clbench.tasks.base import continuation
     from clbench.tasks.math import boxed_answer_start
 
     prompts = [encode_chat(tok, e.messages) for e in examples]
-    completions = [tok(e.reference, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                   for e in examples]
+    texts = [continuation(e) for e in examples]  # after the start of the response in the prompt
+    completions = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                   for t in texts]
     with torch.no_grad(), autocast():
         scored = completion_logprobs(model, prompts, completions)
     whole, final = [], []
-    for i, (e, ids) in enumerate(zip(examples, completions)):
+    for i, (text, ids) in enumerate(zip(texts, completions)):
         row = scored.logprobs[i, :len(ids)]
-        start = first_answer_token(tok, ids, boxed_answer_start(e.reference))
+        start = first_answer_token(tok, ids, boxed_answer_start(text))
         whole.append(float(row.sum()))
         final.append(float(row[start:].sum()))
     return whole, final

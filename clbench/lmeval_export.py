@@ -16,6 +16,7 @@ import yaml
 
 from clbench.errors import UserError
 from clbench.lmeval_tasks import SHIPPED_TASK_DIR, TaggedScalar, TaskYamlDumper, TaskYamlLoader
+from clbench.tasks.base import continuation, response_prefix
 
 _UTILS = '''"""Data and grading of clbench tasks exported for lm-eval (grading needs `clbench`)."""
 
@@ -38,9 +39,13 @@ def process_results(doc, results):
 
 
 def render_transcript(messages: Sequence[dict[str, str]]) -> str:
-    """A chat as plain text with role labels, ending with the assistant's turn to speak."""
-    parts = [f"{m['role'].capitalize()}: {m['content']}" for m in messages]
-    return "\n\n".join(parts) + "\n\nAssistant:"
+    """A chat as plain text with role labels, ending with the assistant's turn to speak (and
+    the start of its response, when the chat holds one: the opened reasoning block of the
+    `think` format)."""
+    prefix = response_prefix(list(messages))
+    turns = messages[:-1] if prefix else messages
+    parts = [f"{m['role'].capitalize()}: {m['content']}" for m in turns]
+    return "\n\n".join(parts) + "\n\nAssistant:" + (f" {prefix}" if prefix else "")
 
 
 def export_lm_eval(suite: Any, out_dir: str | Path,
@@ -90,7 +95,8 @@ def export_lm_eval(suite: Any, out_dir: str | Path,
         data = out / f"{name}.jsonl"
         atomic_write_text(data, "".join(json.dumps({
             "id": ex.id, "prompt": render_transcript(ex.messages), "messages": ex.messages,
-            "reference": ex.reference, "answer": ex.answer, "metadata": ex.metadata,
+            "reference": ex.reference, "target": continuation(ex), "answer": ex.answer,
+            "metadata": ex.metadata,
             "source": spec.source, "params": spec.params}, ensure_ascii=False) + "\n"
             for ex in items[column]))
         config = {
@@ -100,7 +106,7 @@ def export_lm_eval(suite: Any, out_dir: str | Path,
             "custom_dataset": TaggedScalar("!function", "utils.load_items"),
             "dataset_kwargs": {"data_file": data.name},
             "test_split": "test", "output_type": "generate_until",
-            "doc_to_text": "{{prompt}}", "doc_to_target": "{{reference}}",
+            "doc_to_text": "{{prompt}}", "doc_to_target": "{{target}}",
             "generation_kwargs": {"until": ["\nUser:", "\n\nUser:"], "do_sample": False,
                                   "max_gen_toks": decoding.max_new_tokens},
             "process_results": TaggedScalar("!function", "utils.process_results"),

@@ -38,7 +38,7 @@ from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings
 from clbench.engine.supervision import Supervision, completion_supervision, random_token_mask
 from clbench.engine.teacher import (FeedbackMode, TeacherWeights, fit_teacher_context,
                                     plan_teacher_contexts, verifier_feedback)
-from clbench.tasks.base import seeded_rng
+from clbench.tasks.base import response_prefix, seeded_rng
 
 
 class SDPOConfig(OnPolicySettings):
@@ -195,9 +195,11 @@ class SDPOObjective(Objective):
         contexts = []
         for g, example in enumerate(batch.examples):
             rows = range(g * n, (g + 1) * n)
+            # a demonstration is the whole response, with the start the prompt wrote for it
+            prefix = response_prefix(example.messages)
             contexts += plan_teacher_contexts(
                 example.messages, [float(batch.rewards[i]) for i in rows],
-                [batch.rollouts[i].text for i in rows], [feedbacks[i] for i in rows],
+                [prefix + batch.rollouts[i].text for i in rows], [feedbacks[i] for i in rows],
                 threshold=cfg.demo_threshold, feedback_with_demo=cfg.feedback_with_demo,
                 reference=example.reference if cfg.use_reference_solution else None,
                 strip_reasoning=cfg.strip_demo_reasoning)

@@ -24,6 +24,7 @@ from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build
                                   build_scheduler, loop_state, optimizer_step, restore_loop,
                                   set_gradient_checkpointing, stage_lr, step_examples)
 from clbench.engine.rollout import encode_chat
+from clbench.tasks.base import continuation
 from clbench.engine.logprobs import completion_logprobs
 
 
@@ -54,7 +55,8 @@ class SFT(Method):
         """(prompt ids, response ids) of one training item."""
         tokenizer = ctx.tokenizer
         prompt = encode_chat(tokenizer, example.messages)
-        response = list(tokenizer(example.reference, add_special_tokens=False)["input_ids"])
+        # the reference after the start of the response its prompt already holds (if any)
+        response = list(tokenizer(continuation(example), add_special_tokens=False)["input_ids"])
         if self.config.append_eos and tokenizer.eos_token_id is not None:
             response.append(int(tokenizer.eos_token_id))
         return prompt, response

@@ -333,6 +333,27 @@ class _EvenAnswersRight(LM):
     loglikelihood_rolling = loglikelihood
 
 
+def test_an_exported_prompt_ends_with_the_start_of_the_response_and_targets_the_rest(
+        tmp_path: Path) -> None:
+    """The reasoning format's opened block goes after `Assistant:`; the target (what a few-shot
+    example shows, what the model writes) is the reference after it; the grader scores that."""
+    from clbench.lmeval_export import render_transcript
+    from clbench.tasks.base import THINK_PREFIX
+
+    suite = SuiteSpec.model_validate({"name": "fmt", "stages": [{
+        "name": "math", "task": {"source": "math.arithmetic", "params": {"think": True},
+                                 "train_size": 4, "eval_size": 2},
+        "budget": {"steps": 1}}]})
+    export_lm_eval(suite, tmp_path)
+    doc = json.loads((tmp_path / "clbench_fmt_math.jsonl").read_text().splitlines()[0])
+    assert doc["prompt"].endswith("\n\nAssistant: " + THINK_PREFIX)
+    assert doc["prompt"].count("Assistant:") == 2  # the worked example's turn, then this one
+    assert doc["target"] == doc["reference"][len(THINK_PREFIX):]
+    assert grade_exported_doc(doc, doc["target"]) == {"acc": 1.0, "reward": 1.0}
+    plain = [{"role": "user", "content": "Hi"}]
+    assert render_transcript(plain) == "User: Hi\n\nAssistant:"
+
+
 def test_export_command(tmp_path: Path) -> None:
     from test_protocol import SUITE, run_cli
 

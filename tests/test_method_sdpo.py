@@ -284,6 +284,42 @@ def test_feedback_goes_only_where_there_is_no_demonstration_unless_asked(tmp_pat
     assert (step["feedback_fraction"], step["no_teacher_fraction"]) == (0.0, 1.0)
 
 
+class OpenedBlockTask(TaskSource):
+    """Every completion is right; the prompt opens a reasoning block the model continues."""
+
+    name = "toy.opened"
+    description = "Reward 1; prompts end with the start of the response."
+    domain = "toy"
+
+    def build(self, split: Split, seed: int, size: int) -> list[Example]:
+        return [Example(f"{split}-{i}", [{"role": "user", "content": f"Say {i}."},
+                                         {"role": "assistant", "content": "<think>\n"}],
+                        f"<think>\n{i}\n</think>\n{i}", i) for i in range(size)]
+
+    def grade(self, example: Example, completion: str) -> Grade:
+        return Grade(reward=1.0, correct=True)
+
+
+def test_a_demonstration_is_the_whole_response_with_the_start_the_prompt_wrote(tmp_path,
+                                                                               monkeypatch):
+    seen = []
+    real = sdpo_module.plan_teacher_contexts
+
+    def spy(messages, rewards, texts, *args, **kwargs):
+        seen.append((messages, list(texts)))
+        return real(messages, rewards, texts, *args, **kwargs)
+
+    monkeypatch.setattr(sdpo_module, "plan_teacher_contexts", spy)
+    model, tok = tiny(seed=0)
+    report = SDPOCoT({"lr": 1e-3}).train_stage(
+        toy_context(model, tok, tmp_path, steps=1, task=OpenedBlockTask()))
+    assert seen and all(text.startswith("<think>\n") for _, texts in seen for text in texts)
+    assert report.steps[0]["demo_fraction"] == 1.0
+    # the teacher prompt keeps the opened block after the re-written question
+    assert all(messages[-1] == {"role": "assistant", "content": "<think>\n"}
+               for messages, _ in seen)
+
+
 def test_final_line_supervision_is_sparser_than_cot_and_mask_ratio_thins_it(tmp_path):
     fractions = {}
     rich = {"lr": 1e-3, "feedback": "rich"}

@@ -129,3 +129,24 @@ def test_weight_decay_spares_biases_and_norms_and_clipping_reports_the_raw_norm(
         p.grad = torch.full_like(p, 2.0)  # 12 + 4 + 4 + 4 entries of 2 -> norm 2 * sqrt(24)
     assert clip_gradients(model, 1.0) == pytest.approx(2 * 24 ** 0.5)
     assert clip_gradients(model, None) == pytest.approx(1.0, rel=1e-5)  # already clipped
+
+
+def test_sft_trains_on_what_follows_the_start_of_the_response_the_prompt_holds() -> None:
+    """In the reasoning format the prompt opens the block; the target is the rest of the
+    reference (its working, the closing tag, the answer) and the EOS, never the prefix twice."""
+    from types import SimpleNamespace
+
+    from clbench.models import build_char_tokenizer
+    from clbench.registry import build_task
+    from clbench.specs import TaskSpec
+    from clbench.tasks.base import THINK_PREFIX
+    from clbench_methods.sft import SFT
+
+    tok = build_char_tokenizer()
+    example = build_task(TaskSpec(source="math.arithmetic", params={"think": True})).examples(
+        "train", 0, 1)[0]
+    prompt, response = SFT().encode(SimpleNamespace(tokenizer=tok), example)
+    assert tok.decode(prompt).endswith(THINK_PREFIX)
+    assert tok.decode(response[:-1]) == example.reference[len(THINK_PREFIX):]
+    assert response[-1] == tok.eos_token_id
+

@@ -149,3 +149,19 @@ def test_a_prompt_cap_gives_the_first_tokens_of_an_uncapped_rollout(model_and_to
         assert cut.text == tok.decode(cut.completion_ids, skip_special_tokens=True)
     with pytest.raises(ValueError, match="2 prompt caps for 3 prompts"):
         gen.generate(PROMPTS, SamplingParams(max_new_tokens=10, prompt_max_new_tokens=(3, 4)))
+
+
+def test_a_chat_holding_the_start_of_the_response_is_encoded_to_continue_it(
+        model_and_tokenizer):
+    """A final assistant turn is the start of the response (the reasoning format's opened
+    block): written after the generation header as it is, not closed as a finished turn."""
+    model, tok = model_and_tokenizer
+    question = [{"role": "user", "content": "What is 2 + 3?"}]
+    opened = question + [{"role": "assistant", "content": "<think>\n"}]
+    header = tok.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
+    assert tok.decode(encode_chat(tok, opened)) == header + "<think>\n"
+    assert encode_chat(tok, opened)[:len(encode_chat(tok, question))] == \
+        encode_chat(tok, question)
+    # rollouts continue it: the prompt ids hold the prefix, the completion text does not
+    rollout = HFGenerator(model, tok).generate([opened], SamplingParams(max_new_tokens=4))[0]
+    assert rollout.prompt_ids == encode_chat(tok, opened)

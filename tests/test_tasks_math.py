@@ -207,10 +207,12 @@ def test_answer_part_is_the_line_with_the_final_box(completion: str, start: int)
     ("tool_use.generated", {})])
 def test_the_reasoning_format_writes_the_same_items_differently(source: str, params: dict) -> None:
     """`think` changes how an item is written (the example and the reference reason inside
-    <think>...</think>, the answer after it), never which items are drawn: a suite that adds it
-    keeps its items, and every reference still earns reward 1."""
+    <think>...</think>, the answer after it, and the prompt opens the block of the response to
+    write), never which items are drawn: a suite that adds it keeps its items, and every
+    reference, and what the model writes of it after the opened block, earns reward 1."""
     from clbench.registry import build_task
     from clbench.specs import TaskSpec
+    from clbench.tasks.base import THINK_PREFIX, continuation, response_prefix
 
     plain = build_task(TaskSpec(source=source, params=params)).examples("train", 7, 12)
     think_task = build_task(TaskSpec(source=source, params={**params, "think": True}))
@@ -220,6 +222,11 @@ def test_the_reasoning_format_writes_the_same_items_differently(source: str, par
         assert "<think>" not in p.reference and t.reference.startswith("<think>\n")
         working, answer = t.reference[len("<think>\n"):].split("\n</think>\n")
         assert p.reference.endswith(answer) and "</think>" not in answer
-        assert t.messages[-2]["role"] == "assistant" and "</think>\n" in t.messages[-2]["content"]
-        assert t.messages[-1] == p.messages[-1]  # the question itself is unchanged
+        assert t.messages[-1] == {"role": "assistant", "content": THINK_PREFIX}
+        assert response_prefix(t.messages) == THINK_PREFIX and response_prefix(p.messages) == ""
+        assert t.messages[-3]["role"] == "assistant" and "</think>\n" in t.messages[-3]["content"]
+        assert t.messages[-2] == p.messages[-1]  # the question itself is unchanged
         assert think_task.grade(t, t.reference).reward == 1.0
+        assert continuation(t) == t.reference[len(THINK_PREFIX):]
+        assert think_task.grade(t, continuation(t)).reward == 1.0
+        assert continuation(p) == p.reference

@@ -83,11 +83,22 @@ def test_remove_reasoning_handles_missing_opening_tag_and_several_blocks():
     assert tm.remove_reasoning("no reasoning here") == "no reasoning here"
 
 
-def test_prompt_must_end_with_a_user_turn():
-    with pytest.raises(tm.TeacherContextError, match="ends with role 'assistant'"):
-        tm.build_teacher_messages(PROMPT[:-1], "x", None)
-    with pytest.raises(tm.TeacherContextError, match="role None"):
+def test_prompt_must_end_with_a_user_turn_or_the_start_of_the_response():
+    with pytest.raises(tm.TeacherContextError, match="found role 'system' where it should be"):
+        tm.build_teacher_messages([PROMPT[0], {"role": "assistant", "content": "<think>\n"}],
+                                  "x", None)
+    with pytest.raises(tm.TeacherContextError, match="found role 'assistant'"):
+        tm.build_teacher_messages(PROMPT[:3] + [{"role": "assistant", "content": "x"}], "x",
+                                  None)  # two assistant turns after the user's
+    with pytest.raises(tm.TeacherContextError, match="found role None"):
         tm.build_teacher_messages([], "x", None)
+
+
+def test_the_start_of_the_response_stays_after_the_rewritten_user_turn():
+    opened = PROMPT + [{"role": "assistant", "content": "<think>\n"}]
+    teacher = tm.build_teacher_messages(opened, "<think>\n14 + 23 = 37.\n</think>\n37", None)
+    assert teacher[:-2] == PROMPT[:-1] and teacher[-1] == opened[-1]
+    assert teacher[-2]["content"] == tm.reprompt_text(PROMPT[-1]["content"], "37", None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ A :class:`Generator` turns chat prompts into :class:`Rollout` records (n samples
 backend (vLLM) only has to implement :meth:`Generator.generate_from_ids`.
 
 Conventions every backend keeps:
-- prompts are chats, encoded with `apply_chat_template(add_generation_prompt=True)`;
+- prompts are chats, encoded with `apply_chat_template(add_generation_prompt=True)` (and the start
+  of the response, when a chat holds one: :func:`encode_chat`);
 - rollouts come out prompt-major: all samples of prompt 0, then prompt 1, ...;
 - EOS: the completion ids end with the EOS token (the model did emit it, and training on it teaches
   stopping); the text never contains it;
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from clbench.tasks.base import Messages
+from clbench.tasks.base import Messages, response_prefix
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -112,10 +113,16 @@ class Rollout:
 
 
 def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[int]:
-    """Token ids of a chat prompt ending with the assistant generation header."""
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    """Token ids of a chat prompt ending with the assistant generation header, then the start
+    of the response when the chat ends with one (:func:`clbench.tasks.base.response_prefix`:
+    a final assistant turn the model continues, written after the header as it is, the way
+    reasoning models' templates open their `<think>` block; independent of how a template or a
+    transformers version would close or strip such a turn)."""
+    prefix = response_prefix(messages)
+    head = messages[:-1] if prefix else messages
+    text = tokenizer.apply_chat_template(head, add_generation_prompt=True, tokenize=False)
     # The template already writes any BOS it wants; adding special tokens again would double it.
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text + prefix, add_special_tokens=False)["input_ids"])
 
 
 class Generator(ABC):

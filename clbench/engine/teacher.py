@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from clbench.tasks.base import response_prefix
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -127,20 +129,25 @@ def build_teacher_messages(prompt_messages: Messages, demonstration: str | None,
     """The teacher's chat: the student's chat with the LAST user turn re-written.
 
     Earlier turns (system prompt, worked examples) are kept as they are; the last user turn's
-    content becomes :func:`reprompt_text` of it. With neither a demonstration nor feedback the
-    student's chat is returned unchanged (such a rollout gets no distillation loss). Reasoning is
-    stripped from the demonstration unless ``strip_reasoning=False`` (SDPO-CoT keeps it).
+    content becomes :func:`reprompt_text` of it, and a start of the response after it (the
+    opened reasoning block of the `think` format) stays, so the teacher scores the completion in
+    the student's position. With neither a demonstration nor feedback the student's chat is
+    returned unchanged (such a rollout gets no distillation loss). Reasoning is stripped from
+    the demonstration unless ``strip_reasoning=False`` (SDPO-CoT keeps it).
     """
-    if not prompt_messages or prompt_messages[-1].get("role") != "user":
-        role = prompt_messages[-1].get("role") if prompt_messages else None
+    last = len(prompt_messages) - (2 if response_prefix(prompt_messages) else 1)
+    if last < 0 or prompt_messages[last].get("role") != "user":
+        role = prompt_messages[last].get("role") if last >= 0 else None
         raise TeacherContextError(
-            f"the teacher re-prompts the last user turn, but the prompt ends with role {role!r}")
+            f"the teacher re-prompts the last user turn, but found role {role!r} where it should "
+            "be (a prompt ends with a user turn, optionally followed by the start of the "
+            "response)")
     messages = [dict(m) for m in prompt_messages]
     if demonstration is None and feedback is None:
         return messages
     if demonstration is not None and strip_reasoning:
         demonstration = remove_reasoning(demonstration)
-    messages[-1]["content"] = reprompt_text(messages[-1]["content"], demonstration, feedback)
+    messages[last]["content"] = reprompt_text(messages[last]["content"], demonstration, feedback)
     return messages
 
 

@@ -26,7 +26,9 @@ class Example:
     """One task item.
 
     `messages` is the chat-formatted prompt (a list of `{"role", "content"}` dicts, ending with
-    the user turn the model must answer). `reference` is a correct response in the task's output
+    the user turn the model must answer, or after it with an assistant turn holding the start of
+    the response: a prefix the model continues, e.g. the opened reasoning block of the `think`
+    format, see :func:`response_prefix`). `reference` is a correct response in the task's output
     format (short reasoning + final answer) used by SFT and as a fallback demonstration. `answer`
     is the gold answer in whatever JSON-serialisable form the grader needs.
     """
@@ -126,17 +128,39 @@ class TaskSource(ABC):
 def think_field_description() -> str:
     """The documentation of the offline families' `think` parameter (one wording for all)."""
     return ("Reasoning format: the worked example (and every reference solution) puts its working "
-            "inside `<think>...</think>` before the final answer; `sdpo` then supervises the "
-            "answer after the block, `sdpo-cot` the block too. The example alone teaches it: an "
-            "instruction naming the tags made the embedded model close the block and stop "
-            "(docs/tasks.md).")
+            "inside `<think>...</think>` before the final answer, and the prompt opens the block "
+            "of the response to write (as reasoning models' chat templates do); `sdpo` then "
+            "supervises the answer after the block, `sdpo-cot` the block too (docs/tasks.md).")
+
+
+#: The start of every response in the reasoning format, written into the prompt (the way the
+#: chat templates of reasoning models such as Qwen3-Thinking open the block): the model writes
+#: its working, closes the block and answers.
+THINK_PREFIX = "<think>\n"
+
+
+def response_prefix(messages: Messages) -> str:
+    """The start of the response a prompt already holds: the content of a final assistant turn
+    (the model continues it), or "" for a prompt that ends with the user's turn."""
+    return messages[-1]["content"] if messages and messages[-1].get("role") == "assistant" \
+        else ""
+
+
+def continuation(example: Example) -> str:
+    """What the model writes of `example`'s reference solution: the reference after the
+    response prefix the prompt holds (SFT's target; a reference scored as a completion)."""
+    prefix = response_prefix(example.messages)
+    if prefix and not example.reference.startswith(prefix):
+        raise ValueError(f"{example.id}: the reference does not start with the response prefix "
+                         f"{prefix!r} its prompt holds")
+    return example.reference[len(prefix):]
 
 
 def reasoned(working: str, final: str, think: bool) -> str:
     """A response of working then final answer: ``working\nfinal``, or in the reasoning format
     ``<think>\nworking\n</think>\nfinal``."""
     if think:
-        return f"<think>\n{working}\n</think>\n{final}"
+        return f"{THINK_PREFIX}{working}\n</think>\n{final}"
     return f"{working}\n{final}" if working else final
 
 
@@ -163,8 +187,10 @@ def seeded_rng(*parts: Any) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def one_shot(system: str | None, demo_user: str, demo_assistant: str, user: str) -> Messages:
-    """A chat with one finished example exchange before the real question.
+def one_shot(system: str | None, demo_user: str, demo_assistant: str, user: str,
+             think: bool = False) -> Messages:
+    """A chat with one finished example exchange before the real question; in the reasoning
+    format (`think`) the response to write starts with the opened block (:data:`THINK_PREFIX`).
 
     Small instruction models follow an output format far more reliably after one worked example.
     """
@@ -174,6 +200,8 @@ def one_shot(system: str | None, demo_user: str, demo_assistant: str, user: str)
     msgs += [{"role": "user", "content": demo_user},
              {"role": "assistant", "content": demo_assistant},
              {"role": "user", "content": user}]
+    if think:
+        msgs.append({"role": "assistant", "content": THINK_PREFIX})
     return msgs
 
 

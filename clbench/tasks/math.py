@@ -114,7 +114,8 @@ class ProceduralMath(TaskSource):
         out = []
         for p in problems:
             think = self.params.think
-            messages = one_shot(None, self.prompt(demo), demo.response(think), self.prompt(p))
+            messages = one_shot(None, self.prompt(demo), demo.response(think), self.prompt(p),
+                                think)
             out.append(Example(id=f"{self.name}:{p.key}", messages=messages,
                                reference=p.response(think), answer=str(p.answer),
                                metadata={"family": self.name, "key": p.key}))

@@ -252,7 +252,8 @@ class Facts(_FactSource):
         for family, fact in drawn:
             demo = demos[family]
             messages = one_shot(None, f"{demo.question} {ANSWER_INSTRUCTION}",
-                                _reference(demo, think), f"{fact.question} {ANSWER_INSTRUCTION}")
+                                _reference(demo, think), f"{fact.question} {ANSWER_INSTRUCTION}",
+                                think)
             out.append(Example(id=f"{self.name}:{fact.key}", messages=messages,
                                reference=_reference(fact, think),
                                answer={"value": fact.answer, "kind": fact.kind,
@@ -356,7 +357,7 @@ class MCQ(_FactSource):
             question, letter = _mcq_prompt(fact)
             messages = one_shot(None, demo_q, reasoned(demos[family].working,
                                                        f"<answer>{demo_letter}</answer>", think),
-                                question)
+                                question, think)
             out.append(Example(id=f"{self.name}:{fact.key}", messages=messages,
                                reference=reasoned(fact.working, f"<answer>{letter}</answer>",
                                                   think),

@@ -296,7 +296,7 @@ class GeneratedTools(ToolUseSource):
         think = p.think
         system = function_listing(schemas) + JSON_FORMAT
         messages = one_shot(system, demo_request, call_response(demo_fn, demo_args, think),
-                            request)
+                            request, think)
         example = Example(
             id="toolgen-" + hashlib.sha256(key.encode()).hexdigest()[:12],
             messages=messages,
