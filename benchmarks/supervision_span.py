@@ -12,6 +12,10 @@ seeds); the mean and the range over batches are printed as a Markdown table (the
 docs/methods.md).
 
     .venv/bin/python benchmarks/supervision_span.py --batches 5 --lr 1e-5
+    .venv/bin/python benchmarks/supervision_span.py --set stages[0].task.params.think=false
+
+(In the reasoning format every completion's final line comes after its `</think>`, so there
+`response` and `final_line` supervise the same tokens; they differ on plain completions.)
 
 Warm-up is off (`warmup_steps: 0`) so that the one step takes the full lr; the teacher is the
 frozen copy of the starting weights, feedback is off, as the defaults.
@@ -37,6 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--suite", default="starter", help="suite whose first stage is used")
+    ap.add_argument("--set", dest="sets", action="append", default=[],
+                    help="suite override KEY=VALUE (repeatable), e.g. "
+                    "stages[0].task.params.think=false")
     ap.add_argument("--batches", type=int, default=5, help="batches (run seeds) to average")
     ap.add_argument("--lr", type=float, default=1e-5, help="learning rate of the one step")
     ap.add_argument("--items", type=int, default=64, help="held-out validation items scored")
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    suite = load_suite(args.suite)
+    suite = load_suite(args.suite, args.sets)
     stage = suite.stages[0]
     task = build_task(stage.task)
     train = task.examples("train", stage.task.seed, stage.task.train_size)
