@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from clbench.models import load_model
     from clbench.registry import build_task
     from clbench.suites import load_suite
+    from clbench.tasks.base import split_response_start
 
     if args.threads:
         import torch
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         wrong = [(ex, r) for ex, r in zip(examples, cell.records) if not r.correct]
         for ex, r in wrong[:args.show]:
-            print(f"  [{ex.id}] {ex.messages[-1]['content'][:100]!r}\n    -> {r.completion[:160]!r}"
+            question = split_response_start(ex.messages)[0][-1]["content"]
+            print(f"  [{ex.id}] {question[:100]!r}\n    -> {r.completion[:160]!r}"
                   f"\n    ({r.feedback})", file=sys.stderr)
 
     print(render_table(rows, model_name, decoding.max_new_tokens))

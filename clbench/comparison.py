@@ -132,9 +132,11 @@ def settings_in_force(result: RunResult) -> dict[str, Any] | None:
     from clbench import registry
     from clbench.rundir import method_config_as_read
 
+    from pydantic import ValidationError
+
     try:
         defaults = registry.load_method_class(result.method.name).Config().model_dump(mode="json")
-    except UserError:
+    except (UserError, ValidationError):  # not installed, or a config without full defaults
         return None
     config = method_config_as_read(result.method.name, result.method.config)
     if not isinstance(config, dict) or set(config) != set(defaults):

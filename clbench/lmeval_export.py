@@ -16,7 +16,7 @@ import yaml
 
 from clbench.errors import UserError
 from clbench.lmeval_tasks import SHIPPED_TASK_DIR, TaggedScalar, TaskYamlDumper, TaskYamlLoader
-from clbench.tasks.base import continuation, response_prefix
+from clbench.tasks.base import continuation, response_prefix, split_response_start
 
 _UTILS = '''"""Data and grading of clbench tasks exported for lm-eval (grading needs `clbench`)."""
 
@@ -42,10 +42,9 @@ def render_transcript(messages: Sequence[dict[str, str]]) -> str:
     """A chat as plain text with role labels, ending with the assistant's turn to speak (and
     the start of its response, when the chat holds one: the opened reasoning block of the
     `think` format)."""
-    prefix = response_prefix(list(messages))
-    turns = messages[:-1] if prefix else messages
+    turns, start = split_response_start(list(messages))
     parts = [f"{m['role'].capitalize()}: {m['content']}" for m in turns]
-    return "\n\n".join(parts) + "\n\nAssistant:" + (f" {prefix}" if prefix else "")
+    return "\n\n".join(parts) + "\n\nAssistant:" + (f" {start}" if start else "")
 
 
 def export_lm_eval(suite: Any, out_dir: str | Path,
@@ -107,6 +106,10 @@ def export_lm_eval(suite: Any, out_dir: str | Path,
             "dataset_kwargs": {"data_file": data.name},
             "test_split": "test", "output_type": "generate_until",
             "doc_to_text": "{{prompt}}", "doc_to_target": "{{target}}",
+            # a prompt that ends inside the response (an opened reasoning block) is continued
+            # as it is; lm-eval would put a space between it and a few-shot example's target
+            "target_delimiter": "" if any(response_prefix(ex.messages)
+                                          for ex in items[column]) else " ",
             "generation_kwargs": {"until": ["\nUser:", "\n\nUser:"], "do_sample": False,
                                   "max_gen_toks": decoding.max_new_tokens},
             "process_results": TaggedScalar("!function", "utils.process_results"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -27,6 +27,7 @@ from rich.console import Console
 
 from clbench import baserow, registry
 from clbench.atomic import atomic_write_text
+from clbench.errors import UserError
 from clbench.evaluation import CellResult, evaluate_column, make_generate_fn, read_records, \
     records_path, summarise_cell, write_records
 from clbench.progress import AnyProgress
@@ -56,39 +57,50 @@ def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
     """Eval plans of every column (stream tasks, then probes) and the stage task sources."""
     suite = run.suite
     plans, stage_tasks = [], []
+    split = suite.protocol.split
     for i, stage in enumerate(suite.stages):
-        task = registry.build_task(stage.task, where=f"stages[{i}].task.params")
-        stage_tasks.append(task)
+        stage_tasks.append(registry.build_task(stage.task, where=f"stages[{i}].task.params"))
+    trained: set[str] = set()
+    if split == "validation":  # no column is scored on an item any stage trains on
+        for task, stage in zip(stage_tasks, suite.stages):
+            trained |= {e.id for e in task.examples("train", stage.task.seed,
+                                                    stage.task.train_size)}
+    for task, stage in zip(stage_tasks, suite.stages):
         size = stage.task.eval_size or suite.protocol.eval_size
         plans.append(ColumnPlan(stage.name, task,
-                                column_items(task, stage.task, size, suite.protocol.split)))
+                                column_items(task, stage.task, size, split, trained)))
     for i, probe in enumerate(suite.probes):
         if probe.task is not None:
             task = registry.build_task(probe.task, where=f"probes[{i}].task.params")
             size = probe.task.eval_size or suite.protocol.eval_size
-            plans.append(ColumnPlan(probe.name, task,
-                                    column_items(task, probe.task, size, suite.protocol.split,
-                                                 stage=False)))
+            plans.append(ColumnPlan(probe.name, task, column_items(
+                task, probe.task, size, split, trained, stage=False)))
         else:
             plans.append(ColumnPlan(probe.name, probe=probe.lm_eval))
     return plans, stage_tasks
 
 
 def column_items(task: TaskSource, spec: TaskSpec, size: int,
-                 split: Literal["eval", "validation"] = "eval", stage: bool = True
-                 ) -> list[Example]:
+                 split: Literal["eval", "validation"] = "eval",
+                 trained: Collection[str] = frozenset(), stage: bool = True) -> list[Example]:
     """The `size` items that score a column: the task's evaluation items, or its validation
-    items: training-split items never trained on (for a `stage`, those after the `train_size`
-    items it trains on; a probe trains on none) and never evaluation items (train and eval
-    splits are disjoint by construction). A stage's training items are left out by id, so this
-    holds whether or not the source draws a larger set as an extension of a smaller one."""
+    items: training-split items never trained on and never evaluation items (train and eval
+    splits are disjoint by construction). For validation, the ids in `trained` (every stage's
+    training items) are left out and the draw starts after a `stage`'s own `train_size` items
+    (a probe trains on none); a source that cannot give `size` such items is refused."""
     if split == "eval":
         return task.examples("eval", spec.seed, size)
-    if not stage:
-        return task.examples("train", spec.seed, size)
-    trained = {e.id for e in task.examples("train", spec.seed, spec.train_size)}
-    drawn = task.examples("train", spec.seed, spec.train_size + size)
-    return [e for e in drawn if e.id not in trained][:size]
+    base = spec.train_size if stage else 0
+    own = {e.id for e in task.examples("train", spec.seed, base)} if base else set()
+    excluded = own | set(trained)
+    wanted = base + size
+    for _ in range(3):  # the draw grows by what the exclusions took, as a larger draw may
+        kept = [e for e in task.examples("train", spec.seed, wanted) if e.id not in excluded]
+        if len(kept) >= size:
+            return kept[:size]
+        wanted += size - len(kept)
+    raise UserError(f"{task.name}: only {len(kept)} validation items (training-split items no "
+                    f"stage trains on) for the {size} asked; lower eval_size or train_size")
 
 
 def evaluation_stamp(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, Any]) -> str:

@@ -38,7 +38,7 @@ from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings
 from clbench.engine.supervision import Supervision, completion_supervision, random_token_mask
 from clbench.engine.teacher import (FeedbackMode, TeacherWeights, fit_teacher_context,
                                     plan_teacher_contexts, verifier_feedback)
-from clbench.tasks.base import response_prefix, seeded_rng
+from clbench.tasks.base import opens_reasoning, response_prefix, seeded_rng
 
 
 class SDPOConfig(OnPolicySettings):
@@ -92,7 +92,8 @@ class SDPOConfig(OnPolicySettings):
     strip_demo_reasoning: bool = Field(default=True, description="Remove <think>...</think> from "
                                        "demonstrations before inserting them.")
     supervision: Supervision = Field(
-        default="response", description="Which completion tokens get a target: `response` "
+        default="response", json_schema_extra={VALUE_BEFORE_FIELD: "final_line"},
+        description="Which completion tokens get a target: `response` "
         "(everything after the reasoning block `</think>`, the whole completion without one; "
         "the reference), `all` (reasoning included; SDPO-CoT) or `final_line` (the task's "
         "answer line only, e.g. the `\\boxed{}` line: an ablation, recorded as `answer` by "
@@ -210,10 +211,11 @@ class SDPOObjective(Objective):
         for i, (rollout, tc) in enumerate(zip(batch.rollouts, contexts)):
             if not tc.active:
                 continue
-            row = completion_supervision(ctx.tokenizer, rollout.text, rollout.completion_ids,
-                                         cfg.supervision,
-                                         ctx.task.answer_start_for(batch.examples[i // n]),
-                                         supervise_closing=cfg.supervise_eos)
+            example = batch.examples[i // n]
+            row = completion_supervision(
+                ctx.tokenizer, rollout.text, rollout.completion_ids, cfg.supervision,
+                ctx.task.answer_start_for(example), supervise_closing=cfg.supervise_eos,
+                opened=opens_reasoning(response_prefix(example.messages)))
             supervised[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
         generator = torch.Generator().manual_seed(
             seeded_rng("sdpo.mask", ctx.seed, batch.step).getrandbits(63))
@@ -228,6 +230,8 @@ class SDPOObjective(Objective):
         batch.extra["supervised"] = supervised
         batch.extra["normalizer"] = int(supervised.sum())
         batch.extra["stops"] = set(stops)
+        # every rank's: the P(EOS) statistics are a mean over the step's such responses
+        batch.extra["stops_total"] = trainer.dist.sum_int(len(stops))
         total = max(int(batch.completion_mask.sum()), 1)
         size = max(batch.size, 1)
         return {
@@ -251,8 +255,9 @@ class SDPOObjective(Objective):
         active = [i for i in rows if bool(supervised[i].any())]
         if not active:
             # Nothing to learn from in these rows: a loss without a graph and no forward (the
-            # trainer keeps the ranks' forwards in step, see `Objective.loss`).
-            return torch.zeros(()), {}
+            # trainer keeps the ranks' forwards in step, see `Objective.loss`), and this rank's
+            # share of the statistics, 0, so the mean over the ranks counts every rank.
+            return torch.zeros(()), self._zero_stats(batch)
         completions = [batch.rollouts[i].completion_ids for i in active]
         student, teacher = self._scores(batch, active, trainer)
         length = student.token_logprobs.shape[1]  # the longest of these rows' completions
@@ -303,20 +308,31 @@ class SDPOObjective(Objective):
                 DistillationScores(teacher.token_logprobs, teacher.logprobs))
 
     @staticmethod
+    def _zero_stats(batch: RolloutBatch) -> dict[str, float]:
+        """The statistics of rows without a loss: a zero share of each (the EOS ones only when
+        some rank has a supervised response that ended)."""
+        keys = ["teacher_kl", "divergence_mean", "importance_weight_mean"]
+        if batch.extra["stops_total"]:
+            keys += ["student_eos_prob", "teacher_eos_prob"]
+        return dict.fromkeys(keys, 0.0)
+
+    @staticmethod
     def _stop_probabilities(batch: RolloutBatch, active: list[int], student: DistillationScores,
                             teacher: DistillationScores) -> dict[str, float]:
-        """Student's and teacher's P(EOS) where supervised responses ended, as this rank's part
-        of the mean over the batch's such responses (summed over micro-batches)."""
-        stops: set[int] = batch.extra["stops"]
-        count = max(len(stops), 1)
-        ended = [(j, batch.rollouts[i].num_tokens - 1) for j, i in enumerate(active) if i in stops]
-        if not ended:
+        """Student's and teacher's P(EOS) where supervised responses ended, as this rank's term
+        of the mean over the step's such responses on every rank (summed over micro-batches,
+        averaged over the ranks like the loss; none when no rank has one)."""
+        total = batch.extra["stops_total"]
+        if not total:
             return {}
-        rows = torch.tensor([j for j, _ in ended])
-        cols = torch.tensor([t for _, t in ended])
+        stops: set[int] = batch.extra["stops"]
+        ended = [(j, batch.rollouts[i].num_tokens - 1) for j, i in enumerate(active) if i in stops]
+        rows = torch.tensor([j for j, _ in ended], dtype=torch.long)
+        cols = torch.tensor([t for _, t in ended], dtype=torch.long)
 
         def mean_p(scores: DistillationScores) -> float:
-            return float(scores.token_logprobs.detach()[rows, cols].exp().sum()) / count
+            summed = scores.token_logprobs.detach()[rows, cols].exp().sum()
+            return float(batch.rank_term(summed / total))
 
         return {"student_eos_prob": mean_p(student), "teacher_eos_prob": mean_p(teacher)}
 

@@ -302,22 +302,53 @@ class OpenedBlockTask(TaskSource):
 
 def test_a_demonstration_is_the_whole_response_with_the_start_the_prompt_wrote(tmp_path,
                                                                                monkeypatch):
-    seen = []
+    """Where the prompt opens a reasoning block, a sibling's demonstration is the whole
+    response (the opening included: the model wrote only the rest), and the teacher's prompt
+    keeps the opening after the re-written question."""
+    planned = []
     real = sdpo_module.plan_teacher_contexts
 
-    def spy(messages, rewards, texts, *args, **kwargs):
-        seen.append((messages, list(texts)))
-        return real(messages, rewards, texts, *args, **kwargs)
+    def spy(*args, **kwargs):
+        planned.extend(real(*args, **kwargs))
+        return planned[-len(args[1]):]
 
     monkeypatch.setattr(sdpo_module, "plan_teacher_contexts", spy)
     model, tok = tiny(seed=0)
     report = SDPOCoT({"lr": 1e-3}).train_stage(
         toy_context(model, tok, tmp_path, steps=1, task=OpenedBlockTask()))
-    assert seen and all(text.startswith("<think>\n") for _, texts in seen for text in texts)
-    assert report.steps[0]["demo_fraction"] == 1.0
-    # the teacher prompt keeps the opened block after the re-written question
-    assert all(messages[-1] == {"role": "assistant", "content": "<think>\n"}
-               for messages, _ in seen)
+    assert report.steps[0]["demo_fraction"] == 1.0 and planned
+    for context in planned:
+        assert context.demonstration.startswith("<think>\n")  # sdpo-cot keeps the reasoning
+        assert context.messages[-1] == {"role": "assistant", "content": "<think>\n"}
+        assert context.messages[-2]["role"] == "user"
+        assert "Correct solution:" in context.messages[-2]["content"]
+
+
+def test_statistics_of_a_rank_without_a_loss_are_a_zero_share_and_eos_a_global_mean():
+    """Several processes average a step's records over the ranks: a rank whose rows have no
+    loss reports 0 for each statistic (not nothing, which would leave it out of the mean), and
+    P(EOS) is each rank's sum over the step's ended responses of every rank, so the mean over
+    the ranks is the mean over those responses."""
+    batch = type("Batch", (), {})()
+    batch.world, batch.extra = 2, {"stops_total": 3}
+    batch.rank_term = lambda mean: mean * 2
+    assert SDPOObjective._zero_stats(batch) == dict.fromkeys(
+        ["teacher_kl", "divergence_mean", "importance_weight_mean", "student_eos_prob",
+         "teacher_eos_prob"], 0.0)
+    batch.extra["stops_total"] = 0
+    assert "student_eos_prob" not in SDPOObjective._zero_stats(batch)
+    # rank 0 holds 2 of the step's 3 ended responses (P(EOS) 0.5 and 0.25), rank 1 one (0.6)
+    from clbench.engine.losses import DistillationScores
+
+    def rank_stats(probs: list[float]) -> dict[str, float]:
+        rows = [type("R", (), {"num_tokens": 2})() for _ in probs]
+        batch.rollouts, batch.extra = rows, {"stops_total": 3, "stops": set(range(len(probs)))}
+        logp = torch.log(torch.tensor([[0.9, p] for p in probs]))
+        scores = DistillationScores(logp)
+        return SDPOObjective._stop_probabilities(batch, list(range(len(probs))), scores, scores)
+
+    means = [rank_stats([0.5, 0.25])["teacher_eos_prob"], rank_stats([0.6])["teacher_eos_prob"]]
+    assert sum(means) / 2 == pytest.approx((0.5 + 0.25 + 0.6) / 3)
 
 
 def test_final_line_supervision_is_sparser_than_cot_and_mask_ratio_thins_it(tmp_path):

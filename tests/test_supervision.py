@@ -69,9 +69,29 @@ def test_the_last_reasoning_block_ends_the_reasoning(char_tok):
     mask = sv.completion_supervision(char_tok, text, ids, "response", default_answer_start)
     assert _supervised_text(char_tok, ids, mask) == "\nAnswer: 7"
     assert sv.response_start(text) == text.rindex("</think>") + len("</think>")
-    # an unclosed block (a response cut inside its reasoning) has no response part yet: all of
-    # it is supervised, as a completion without a block
+
+
+def test_a_block_the_prompt_opened_and_the_completion_never_closed_is_all_reasoning(char_tok):
+    """In the reasoning format the prompt opens the block: a completion cut (or stopped)
+    before `</think>` is reasoning only, so `response` supervises nothing but its EOS; without
+    an opened block the same text is an answer, supervised whole."""
+    text = "56 + 71 = 127.\n\\boxed{127}"
+    ids = _ids(char_tok, text)
+    opened = sv.completion_supervision(char_tok, text, ids, "response", default_answer_start,
+                                       opened=True)
+    assert opened == [False] * len(text) + [True]
+    assert not any(sv.completion_supervision(char_tok, text, ids[:-1], "response",
+                                             default_answer_start, opened=True))  # cut: nothing
+    assert all(sv.completion_supervision(char_tok, text, ids, "response", default_answer_start))
+    # `all` supervises the reasoning anyway; a closed block starts the response after it
+    assert all(sv.completion_supervision(char_tok, text, ids, "all", default_answer_start,
+                                         opened=True))
+    closed = "56 + 71 = 127.\n</think>\n\\boxed{127}"
+    mask = sv.completion_supervision(char_tok, closed, _ids(char_tok, closed), "response",
+                                     default_answer_start, opened=True)
+    assert _supervised_text(char_tok, _ids(char_tok, closed), mask) == "\n\\boxed{127}"
     assert sv.response_start("<think>still thinking") == 0
+    assert sv.response_start("still thinking", opened=True) == len("still thinking")
 
 
 def test_the_stop_decision_can_be_left_unsupervised(char_tok):

@@ -81,6 +81,9 @@ def test_remove_reasoning_handles_missing_opening_tag_and_several_blocks():
     assert tm.remove_reasoning("reasoning first</think>\n\nAnswer: 3") == "Answer: 3"
     assert tm.remove_reasoning("<think>a</think> x <think>b</think>y") == "x y"
     assert tm.remove_reasoning("no reasoning here") == "no reasoning here"
+    # a block never closed is reasoning to the end (a response cut inside it)
+    assert tm.remove_reasoning("<think>\n56 + 71 = 127.\n\\boxed{127}") == ""
+    assert tm.remove_reasoning("<think>a</think>b<think>c") == "b"
 
 
 def test_prompt_must_end_with_a_user_turn_or_the_start_of_the_response():

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from clbench.tasks.base import Messages, response_prefix
+from clbench.tasks.base import Messages, split_response_start
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -114,15 +114,14 @@ class Rollout:
 
 def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[int]:
     """Token ids of a chat prompt ending with the assistant generation header, then the start
-    of the response when the chat ends with one (:func:`clbench.tasks.base.response_prefix`:
+    of the response when the chat ends with one (:func:`clbench.tasks.base.split_response_start`:
     a final assistant turn the model continues, written after the header as it is, the way
     reasoning models' templates open their `<think>` block; independent of how a template or a
     transformers version would close or strip such a turn)."""
-    prefix = response_prefix(messages)
-    head = messages[:-1] if prefix else messages
+    head, start = split_response_start(messages)
     text = tokenizer.apply_chat_template(head, add_generation_prompt=True, tokenize=False)
     # The template already writes any BOS it wants; adding special tokens again would double it.
-    return list(tokenizer(text + prefix, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(text + start, add_special_tokens=False)["input_ids"])
 
 
 class Generator(ABC):

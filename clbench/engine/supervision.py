@@ -14,8 +14,9 @@ that ends exactly at ``a`` (``</think>`` itself, the newline before the last lin
 ``a = 0`` supervises the whole completion.
 
 - ``response`` (SDPO, as the paper and the reference define it): ``a`` = just after the last
-  ``</think>``; a completion without one is all response (``a = 0``). The reasoning block gets no
-  target, everything after it does.
+  ``</think>``; a completion without one is all response (``a = 0``), unless its prompt opened
+  the block (the `think` format, reasoning models' templates): then all of it is reasoning
+  (``a = len(text)``). The reasoning block gets no target, everything after it does.
 - ``all`` (SDPO-CoT): every token of the completion, reasoning included (``a = 0``).
 - ``final_line`` (an ablation; earlier runs recorded it as ``answer``): ``a`` = the task's
   answer start, ``task.answer_start_for(example)(text)`` (after ``</think>``, else the start of
@@ -43,30 +44,36 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from clbench.tasks.base import THINK_CLOSE
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 Supervision = Literal["response", "all", "final_line"]
 SUPERVISION_MODES: tuple[str, ...] = ("response", "all", "final_line")
-#: Where a reasoning block ends; ``response`` supervision starts after the last one.
-REASONING_END = "</think>"
 
 
-def response_start(text: str) -> int:
-    """Character offset of the response: just after the last ``</think>``, else 0 (a
-    completion without a reasoning block is all response)."""
-    end = text.rfind(REASONING_END)
-    return end + len(REASONING_END) if end >= 0 else 0
+def response_start(text: str, opened: bool = False) -> int:
+    """Character offset of the response: just after the last ``</think>``; without one, 0 (a
+    completion without a reasoning block is all response), or ``len(text)`` when the prompt
+    `opened` the block and the completion never closed it (all of it is reasoning, so only
+    the closing EOS, if any, is supervised)."""
+    end = text.rfind(THINK_CLOSE)
+    if end >= 0:
+        return end + len(THINK_CLOSE)
+    return len(text) if opened else 0
 
 
-def supervised_start(text: str, mode: Supervision, answer_start: Callable[[str], int]) -> int:
+def supervised_start(text: str, mode: Supervision, answer_start: Callable[[str], int],
+                     opened: bool = False) -> int:
     """The offset ``a`` from which `mode` supervises `text`, clamped to ``[0, len(text)]`` so a
     task returning an out-of-range offset cannot select phantom tokens. `answer_start` is the
-    task's final-line rule, used by ``final_line`` only."""
+    task's final-line rule, used by ``final_line`` only; `opened`: the prompt opened a reasoning
+    block that the completion continues (:func:`response_start`)."""
     if mode == "all":
         return 0
     if mode == "response":
-        return response_start(text)
+        return response_start(text, opened)
     if mode == "final_line":
         return min(max(int(answer_start(text)), 0), len(text))
     raise ValueError(f"unknown supervision {mode!r}; expected one of "
@@ -148,21 +155,23 @@ def answer_token_mask(token_ends: Sequence[int], answer_start: int,
 
 
 def supervision_mask(text: str, token_ends: Sequence[int], mode: Supervision,
-                     answer_start: Callable[[str], int], closing_tokens: int = 0) -> list[bool]:
+                     answer_start: Callable[[str], int], closing_tokens: int = 0,
+                     opened: bool = False) -> list[bool]:
     """Per-token supervision of one completion under `mode` (``response``, ``all`` or
     ``final_line``; see the module docstring), from every token's span end.
 
     `answer_start` is the task's ``answer_start(text) -> char offset`` (``final_line`` only).
     `closing_tokens` is the number of special tokens ending the completion (1 for an EOS).
+    `opened`: the prompt opened a reasoning block (:func:`response_start`).
     """
-    return answer_token_mask(token_ends, supervised_start(text, mode, answer_start),
+    return answer_token_mask(token_ends, supervised_start(text, mode, answer_start, opened),
                              closing_tokens)
 
 
 def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
                            token_ids: Sequence[int], mode: Supervision,
                            answer_start: Callable[[str], int],
-                           supervise_closing: bool = True) -> list[bool]:
+                           supervise_closing: bool = True, opened: bool = False) -> list[bool]:
     """:func:`supervision_mask` with token spans from the completion's token ids.
 
     `text` must be the completion text the grader saw (``decode(ids, skip_special_tokens=True)``,
@@ -171,9 +180,10 @@ def completion_supervision(tokenizer: PreTrainedTokenizerBase, text: str,
     the closing tokens: supervised in every mode unless `supervise_closing` is off (then the
     decision to stop gets no target). Uses :func:`first_answer_token` (logarithmic in the
     completion length); with the closing tokens supervised, the result equals
-    :func:`supervision_mask` on :func:`token_char_ends`.
+    :func:`supervision_mask` on :func:`token_char_ends`. `opened`: the prompt opened a
+    reasoning block that the completion continues (:func:`response_start`).
     """
-    start = supervised_start(text, mode, answer_start)
+    start = supervised_start(text, mode, answer_start, opened)
     special = set(getattr(tokenizer, "all_special_ids", None) or [])
     n = len(token_ids)
     closing = 0

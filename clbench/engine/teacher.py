@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from clbench.tasks.base import response_prefix
+from clbench.tasks.base import THINK_CLOSE, THINK_OPEN, split_response_start
 
 if TYPE_CHECKING:
     from torch import nn
@@ -64,8 +64,9 @@ FEEDBACK_TEMPLATE = ("\nThe following is feedback from your unsuccessful earlier
                      "{feedback}\n\n")
 REPROMPT_TEMPLATE = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question.\n"
 
-_THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", flags=re.DOTALL)
-_UNOPENED_THINK = re.compile(r"^.*?</think>\s*", flags=re.DOTALL)
+_THINK_BLOCK = re.compile(rf"{THINK_OPEN}.*?{THINK_CLOSE}\s*", flags=re.DOTALL)
+_UNOPENED_THINK = re.compile(rf"^.*?{THINK_CLOSE}\s*", flags=re.DOTALL)
+_UNCLOSED_THINK = re.compile(rf"{THINK_OPEN}.*$", flags=re.DOTALL)
 
 
 class TeacherContextError(ValueError):
@@ -80,9 +81,10 @@ def remove_reasoning(text: str) -> str:
     """Remove ``<think>...</think>`` blocks (and the whitespace after each) from a demonstration.
 
     Also removes everything up to a ``</think>`` that has no opening tag, which is how thinking
-    models whose chat template opens the block in the prompt (Qwen3-Thinking) write completions.
+    models whose chat template opens the block in the prompt (Qwen3-Thinking) write completions,
+    and a ``<think>`` never closed with everything after it (all of it is reasoning).
     """
-    return _UNOPENED_THINK.sub("", _THINK_BLOCK.sub("", text))
+    return _UNCLOSED_THINK.sub("", _UNOPENED_THINK.sub("", _THINK_BLOCK.sub("", text)))
 
 
 def reprompt_text(prompt: str, demonstration: str | None, feedback: str | None) -> str:
@@ -135,7 +137,7 @@ def build_teacher_messages(prompt_messages: Messages, demonstration: str | None,
     returned unchanged (such a rollout gets no distillation loss). Reasoning is stripped from
     the demonstration unless ``strip_reasoning=False`` (SDPO-CoT keeps it).
     """
-    last = len(prompt_messages) - (2 if response_prefix(prompt_messages) else 1)
+    last = len(split_response_start(prompt_messages)[0]) - 1
     if last < 0 or prompt_messages[last].get("role") != "user":
         role = prompt_messages[last].get("role") if last >= 0 else None
         raise TeacherContextError(

@@ -133,17 +133,32 @@ def think_field_description() -> str:
             "supervises the answer after the block, `sdpo-cot` the block too (docs/tasks.md).")
 
 
+#: The tags of a reasoning block; its answer follows the closing one.
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 #: The start of every response in the reasoning format, written into the prompt (the way the
 #: chat templates of reasoning models such as Qwen3-Thinking open the block): the model writes
 #: its working, closes the block and answers.
-THINK_PREFIX = "<think>\n"
+THINK_PREFIX = THINK_OPEN + "\n"
+
+
+def split_response_start(messages: Messages) -> tuple[Messages, str]:
+    """`(chat, start)`: a chat that ends with an assistant turn holds the start of the response
+    (the model continues it, e.g. an opened reasoning block): the turns before it and its
+    content; any other chat is returned whole, with start "" ."""
+    if messages and messages[-1].get("role") == "assistant":
+        return list(messages[:-1]), messages[-1].get("content") or ""
+    return list(messages), ""
 
 
 def response_prefix(messages: Messages) -> str:
-    """The start of the response a prompt already holds: the content of a final assistant turn
-    (the model continues it), or "" for a prompt that ends with the user's turn."""
-    return messages[-1]["content"] if messages and messages[-1].get("role") == "assistant" \
-        else ""
+    """The start of the response a prompt already holds ("" when it ends with the user's
+    turn): :func:`split_response_start`'s second part."""
+    return split_response_start(messages)[1]
+
+
+def opens_reasoning(prefix: str) -> bool:
+    """Whether a response start leaves a reasoning block open (a `<think>` not closed after)."""
+    return prefix.rfind(THINK_OPEN) > prefix.rfind(THINK_CLOSE)
 
 
 def continuation(example: Example) -> str:
@@ -160,15 +175,15 @@ def reasoned(working: str, final: str, think: bool) -> str:
     """A response of working then final answer: ``working\nfinal``, or in the reasoning format
     ``<think>\nworking\n</think>\nfinal``."""
     if think:
-        return f"{THINK_PREFIX}{working}\n</think>\n{final}"
+        return f"{THINK_PREFIX}{working}\n{THINK_CLOSE}\n{final}"
     return f"{working}\n{final}" if working else final
 
 
 def default_answer_start(completion: str) -> int:
     """After the last `</think>`; else the start of the last non-empty line; else 0."""
-    think = completion.rfind("</think>")
+    think = completion.rfind(THINK_CLOSE)
     if think >= 0:
-        return think + len("</think>")
+        return think + len(THINK_CLOSE)
     stripped = completion.rstrip()
     if not stripped:
         return 0

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import Field
 
-from clbench.tasks.base import (Example, Grade, Split, TaskParams, TaskSource,
+from clbench.tasks.base import (THINK_CLOSE, Example, Grade, Split, TaskParams, TaskSource,
                                 default_answer_start, draw_distinct, one_shot, reasoned,
                                 seeded_rng, think_field_description)
 from clbench.tasks.grading import extract_boxed, math_equivalent, quote
@@ -47,7 +47,7 @@ def grade_boxed(gold: str, completion: str, reveal: bool = False) -> Grade:
 
 def boxed_answer_start(completion: str) -> int:
     """Answer part of a math response: after `</think>`, else the line holding the last box."""
-    if "</think>" in completion:
+    if THINK_CLOSE in completion:
         return default_answer_start(completion)
     box = completion.rfind("\\boxed")
     if box < 0:
