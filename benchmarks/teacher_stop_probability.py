@@ -1,13 +1,13 @@
 """How likely the SDPO teacher is to stop right after a correct answer, against the student.
 
-Scores the reference solutions of the starter suite's math task under four contexts of the
-embedded model: the student's own prompt, the SDPO teacher prompt with that solution as the
-demonstration, the teacher prompt with verifier feedback only, and with both (which the teacher
-sees only under `feedback_with_demo: true`). SDPO supervises the end-of-
-sequence token of every response, so a teacher that stops less often than the student trains the
-student to keep talking after its answer (docs/results-starter.md).
+Scores the reference solutions of a suite's first task (the starter's math) under four contexts
+of the embedded model: the student's own prompt, the SDPO teacher prompt with that solution as
+the demonstration, the teacher prompt with verifier feedback only, and with both (which the
+teacher sees only under `feedback_with_demo: true`). SDPO supervises the end-of-sequence token
+of every response, so a teacher that stops less often than the student trains the student to
+keep talking after its answer (docs/results-starter.md).
 
-    .venv/bin/python benchmarks/teacher_stop_probability.py [--items 12]
+    .venv/bin/python benchmarks/teacher_stop_probability.py [--items 12] [--set ...]
 """
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ from clbench.engine.rollout import encode_chat
 from clbench.engine.teacher import build_teacher_messages
 from clbench.models import load_model
 from clbench.registry import build_task
-from clbench.specs import TaskSpec
-
-TASK = TaskSpec(source="math.arithmetic", params={"digits": 2, "operands": 2, "operators": "+"},
-                train_size=64)
+from clbench.suites import load_suite
+from clbench.tasks.base import continuation
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=12)
+    parser.add_argument("--suite", default="starter", help="suite whose first stage is used")
+    parser.add_argument("--set", dest="sets", action="append", default=[],
+                        help="suite override KEY=VALUE, e.g. stages[0].task.params.think=false")
     args = parser.parse_args()
+    stage = load_suite(args.suite, args.sets).stages[0]
     model, tok = load_model("smollm2-135m", device="cpu", dtype="float32")
-    examples = build_task(TASK).examples("train", TASK.seed, args.items)
+    examples = build_task(stage.task).examples("train", stage.task.seed, args.items)
     contexts = {
         "student prompt": lambda ex: ex.messages,
         "teacher, demonstration": lambda ex: build_teacher_messages(ex.messages, ex.reference,
@@ -44,7 +46,8 @@ def main() -> None:
     for name, make in contexts.items():
         probs = []
         for ex in examples:
-            ids = encode_chat(tok, make(ex)) + tok(ex.reference, add_special_tokens=False)[
+            # the response as the model writes it: after any start its prompt holds
+            ids = encode_chat(tok, make(ex)) + tok(continuation(ex), add_special_tokens=False)[
                 "input_ids"]
             with torch.no_grad():
                 logits = model(torch.tensor([ids])).logits[0, -1].float()

@@ -122,3 +122,24 @@ def test_gradient_checkpointing_changes_memory_not_gradients() -> None:
         (dists.token_logprobs.sum() + dists.logprobs.sum()).backward()
         grads.append([p.grad.clone() for p in model.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_the_scores_sdpo_gets_from_models_equal_scores_from_their_logits(model) -> None:
+    """What the SDPO methods feed `sdpo_loss` (the student's top-k, the teacher read at the
+    student's ids, by `completion_distributions`) equals `losses.scores_from_logits` on the same
+    logits, the path `sdpo_loss` is compared with TRL on: so that comparison covers the method."""
+    from clbench.engine.losses import DistillationScores, scores_from_logits, sdpo_loss
+
+    teacher = tiny("tiny-qwen2", seed=3)[0]
+    prompt, completion = PROMPTS[1], COMPLETIONS[1]
+    with torch.no_grad():
+        s = completion_distributions(model, [prompt], [completion], topk=5, chunk_size=2)
+        t = completion_distributions(teacher, [prompt], [completion], indices=s.indices)
+        ours = sdpo_loss(DistillationScores(s.token_logprobs, s.logprobs),
+                         DistillationScores(t.token_logprobs, t.logprobs), s.mask)
+        ids = torch.tensor([completion])
+        ref = sdpo_loss(*scores_from_logits(naive_logits(model, prompt, completion)[None],
+                                            naive_logits(teacher, prompt, completion)[None],
+                                            ids, "topk", topk=5), s.mask)
+    torch.testing.assert_close(ours.loss, ref.loss, atol=1e-5, rtol=1e-5)
+    assert float(ours.loss) > 0  # the two models differ: the comparison is not of zeros
