@@ -61,11 +61,10 @@ def band_note(role: str, score: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from clbench.evaluation import evaluate_column, make_generate_fn
+    from clbench.engine.distributed import Distributed
+    from clbench.evaluation import make_generate_fn
     from clbench.models import load_model
-    from clbench.registry import build_task
     from clbench.suites import load_suite
-    from clbench.tasks.base import split_response_start
 
     if args.threads:
         import torch
@@ -80,37 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     model_name = args.model or suite.model.name
 
     t0 = time.time()
+    # The precision a run of this suite evaluates in (e.g. fp32 weights under bf16 autocast):
+    # bf16 weights alone answer differently.
+    dist = Distributed.create(args.device, suite.model.dtype, suite.model.mixed_precision)
     model, tokenizer = load_model(suite.model.model_copy(update={"name": model_name}),
-                                  device=args.device)
-    print(f"loaded {model_name} ({model.dtype}, {model.device}) in {time.time() - t0:.1f} s",
-          file=sys.stderr)
+                                  device=dist.device, dtype=dist.precision.weights)
+    print(f"loaded {model_name} ({dist.precision.label}, {model.device}) in "
+          f"{time.time() - t0:.1f} s", file=sys.stderr)
     generate = make_generate_fn(model, tokenizer, decoding)
+    with dist.autocast():
+        rows = [measure_column(column, role, task_spec, generate, args)
+                for column, role, task_spec in columns]
 
-    rows: list[dict[str, Any]] = []
-    for column, role, task_spec in columns:
-        task = build_task(task_spec, where=f"{column}.task.params")
-        examples = task.examples("eval", task_spec.seed, args.n)
-        t = time.time()
-        cell = evaluate_column(column, task, examples, generate, batch_size=args.batch_size,
-                               bootstrap_samples=1000)
-        seconds = time.time() - t
-        interval = cell.interval or {}
-        no_answer = sum(1 for r in cell.records if r.feedback and r.feedback.startswith("No "))
-        closed = sum(1 for r in cell.records if "</think>" in r.completion)
-        rows.append({"column": column, "role": role, "source": task_spec.source,
-                     "params": task_spec.params, "n": cell.n, "accuracy": cell.score,
-                     "low": interval.get("low"), "high": interval.get("high"),
-                     "no_answer": no_answer / max(cell.n, 1),
-                     "closed_think": closed / max(cell.n, 1), "seconds": seconds})
-        print(f"{column}: {cell.score:.3f} over {cell.n} items in {seconds:.0f} s",
-              file=sys.stderr)
-        wrong = [(ex, r) for ex, r in zip(examples, cell.records) if not r.correct]
-        for ex, r in wrong[:args.show]:
-            question = split_response_start(ex.messages)[0][-1]["content"]
-            print(f"  [{ex.id}] {question[:100]!r}\n    -> {r.completion[:160]!r}"
-                  f"\n    ({r.feedback})", file=sys.stderr)
-
-    print(render_table(rows, model_name, decoding.max_new_tokens))
+    print(render_table(rows, model_name, decoding.max_new_tokens, dist.precision.label))
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             json.dump(rows, fh, indent=2, default=str)
@@ -119,11 +100,45 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if out_of_band else 0
 
 
-def render_table(rows: list[dict[str, Any]], model_name: str, max_new_tokens: int) -> str:
-    lines = [f"Greedy base accuracy of `{model_name}` (max_new_tokens {max_new_tokens}); "
-             "interval: 95% bootstrap over items.", "",
-             "| column | role | source | params | n | accuracy | 95% interval | no answer | "
-             "closed </think> | band |",
+def measure_column(column: str, role: str, task_spec: Any, generate: Any,
+                   args: argparse.Namespace) -> dict[str, Any]:
+    """One column's greedy accuracy, its interval and the shares of answer-less and closed-block
+    completions (printing `--show` wrong completions)."""
+    from clbench.evaluation import evaluate_column
+    from clbench.registry import build_task
+    from clbench.tasks.base import THINK_CLOSE, split_response_start
+
+    task = build_task(task_spec, where=f"{column}.task.params")
+    examples = task.examples("eval", task_spec.seed, args.n)
+    t = time.time()
+    cell = evaluate_column(column, task, examples, generate, batch_size=args.batch_size,
+                           bootstrap_samples=1000)
+    seconds = time.time() - t
+    interval = cell.interval or {}
+    no_answer = sum(1 for r in cell.records if r.feedback and r.feedback.startswith("No "))
+    closed = sum(1 for r in cell.records if THINK_CLOSE in r.completion)
+    row = {"column": column, "role": role, "source": task_spec.source,
+           "params": task_spec.params, "n": cell.n, "accuracy": cell.score,
+           "low": interval.get("low"), "high": interval.get("high"),
+           "no_answer": no_answer / max(cell.n, 1),
+           "closed_think": closed / max(cell.n, 1), "seconds": seconds}
+    print(f"{column}: {cell.score:.3f} over {cell.n} items in {seconds:.0f} s",
+          file=sys.stderr)
+    wrong = [(ex, r) for ex, r in zip(examples, cell.records) if not r.correct]
+    for ex, r in wrong[:args.show]:
+        question = split_response_start(ex.messages)[0][-1]["content"]
+        print(f"  [{ex.id}] {question[:100]!r}\n    -> {r.completion[:160]!r}"
+              f"\n    ({r.feedback})", file=sys.stderr)
+    return row
+
+
+def render_table(rows: list[dict[str, Any]], model_name: str, max_new_tokens: int,
+                 precision: str) -> str:
+    lines = [(f"Greedy base accuracy of `{model_name}` ({precision}, max_new_tokens "
+             f"{max_new_tokens}); "
+             "interval: 95% bootstrap over items."), "",
+             ("| column | role | source | params | n | accuracy | 95% interval | no answer | "
+             "closed </think> | band |"),
              "| --- | --- | --- | --- | ---: | ---: | --- | ---: | ---: | --- |"]
     for r in rows:
         params = ", ".join(f"{k}={v}" for k, v in r["params"].items()) or "defaults"
