@@ -165,3 +165,56 @@ def test_a_chat_holding_the_start_of_the_response_is_encoded_to_continue_it(
     # rollouts continue it: the prompt ids hold the prefix, the completion text does not
     rollout = HFGenerator(model, tok).generate([opened], SamplingParams(max_new_tokens=4))[0]
     assert rollout.prompt_ids == encode_chat(tok, opened)
+
+
+def _greedy_ids(model, tok) -> list[list[int]]:
+    return [r.completion_ids for r in HFGenerator(model, tok, batch_size=8).generate(
+        PROMPTS, greedy(16))]
+
+
+def test_under_mixed_precision_generation_casts_weights_once_with_the_same_output(
+        model_and_tokenizer, monkeypatch):
+    import contextlib
+
+    import torch
+
+    from clbench.engine import rollout
+
+    model, tok = model_and_tokenizer
+    cache_on: list[bool] = []
+    hook = model.lm_head.register_forward_hook(
+        lambda *_: cache_on.append(torch.is_autocast_cache_enabled()))
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            cached = _greedy_ids(model, tok)
+            assert cache_on and all(cache_on)  # every decoding forward reused the casts
+            assert not torch.is_autocast_cache_enabled()  # the run's setting is back
+            monkeypatch.setattr(rollout, "weights_cast_once",
+                                lambda _device: contextlib.nullcontext())
+            cache_on.clear()
+            recast = _greedy_ids(model, tok)
+            assert cache_on and not any(cache_on)
+    finally:
+        hook.remove()
+    assert cached == recast
+
+
+def test_a_generation_after_an_update_sees_the_new_weights_not_a_cached_cast():
+    import copy
+
+    import torch
+
+    model, tok = tiny("tiny-llama", seed=1)
+    other = copy.deepcopy(model)
+    with torch.no_grad():  # MLPs that dominate the residual stream: other greedy tokens
+        for layer in other.model.layers:
+            layer.mlp.down_proj.weight.mul_(-30)
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        before = _greedy_ids(model, tok)
+        with torch.no_grad():  # an in-place update, as an optimizer step makes
+            for p, q in zip(model.parameters(), other.parameters()):
+                p.copy_(q)
+        after = _greedy_ids(model, tok)
+        expected = _greedy_ids(other, tok)
+    assert after == expected
+    assert after != before

@@ -17,13 +17,17 @@ Conventions every backend keeps:
   under a uniform cap of that size: the cap cuts a row, it never changes what the row draws);
 - temperature 0 means greedy; otherwise pure sampling at that temperature with nucleus `top_p`
   (no top-k, no repetition penalty: the log-probs the methods compute must describe the sampler);
-- the same `seed`, inputs, batch size and device give the same samples.
+- the same `seed`, inputs, batch size and device give the same samples;
+- under mixed precision (an enclosing autocast) each weight is cast to the compute dtype once per
+  generation call, not once per decoded token (:func:`weights_cast_once`): the same values, so
+  the same samples, about twice as fast on the embedded model on a CPU.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -165,31 +169,40 @@ class HFGenerator(Generator):
 
     def generate_from_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams
                           ) -> list[Rollout]:
-        import torch
-
         caps = params.prompt_max_new_tokens
         if caps is not None and len(caps) != len(prompt_ids):
             raise ValueError(f"{len(caps)} prompt caps for {len(prompt_ids)} prompts")
         rows = [(p, s) for p in range(len(prompt_ids)) for s in range(params.n)]
         eos_ids = self.eos_token_ids()
-        out: list[Rollout] = []
         was_training = self.model.training
         self.model.eval()
+        out: list[Rollout] = []
         try:
-            for batch_no, start in enumerate(range(0, len(rows), self.batch_size)):
-                chunk = rows[start:start + self.batch_size]
-                sequences = [list(prompt_ids[p]) for p, _ in chunk]
-                row_caps = [params.cap_of(p) for p, _ in chunk]
-                with torch.random.fork_rng(devices=self._rng_devices()):
-                    # One seed per batch, so a batch's samples do not depend on earlier batches.
-                    torch.manual_seed(_batch_seed(params.seed, batch_no))
-                    generated = self._generate_batch(sequences, params, eos_ids, row_caps)
-                for (p, s), ids, cap in zip(chunk, generated, row_caps):
-                    completion, text, finished = finish_completion(
-                        ids[:cap], self.tokenizer, eos_ids, params.stop)
-                    out.append(Rollout(p, s, list(prompt_ids[p]), completion, text, finished))
+            with weights_cast_once(self.model.device.type):
+                for batch_no, start in enumerate(range(0, len(rows), self.batch_size)):
+                    chunk = rows[start:start + self.batch_size]
+                    out += self._generate_rows(prompt_ids, chunk, params, eos_ids, batch_no)
+            return out
         finally:
             self.model.train(was_training)
+
+    def _generate_rows(self, prompt_ids: Sequence[list[int]], chunk: list[tuple[int, int]],
+                       params: SamplingParams, eos_ids: set[int], batch_no: int
+                       ) -> list[Rollout]:
+        """One batch of (prompt, sample) rows."""
+        import torch
+
+        sequences = [list(prompt_ids[p]) for p, _ in chunk]
+        row_caps = [params.cap_of(p) for p, _ in chunk]
+        with torch.random.fork_rng(devices=self._rng_devices()):
+            # One seed per batch, so a batch's samples do not depend on earlier batches.
+            torch.manual_seed(_batch_seed(params.seed, batch_no))
+            generated = self._generate_batch(sequences, params, eos_ids, row_caps)
+        out: list[Rollout] = []
+        for (p, s), ids, cap in zip(chunk, generated, row_caps):
+            completion, text, finished = finish_completion(ids[:cap], self.tokenizer, eos_ids,
+                                                           params.stop)
+            out.append(Rollout(p, s, list(prompt_ids[p]), completion, text, finished))
         return out
 
     def _rng_devices(self) -> list:
@@ -229,6 +242,28 @@ class HFGenerator(Generator):
                                          attention_mask=attention.to(device),
                                          generation_config=config, stopping_criteria=criteria)
         return result[:, width:].tolist()
+
+
+@contextmanager
+def weights_cast_once(device_type: str) -> Iterator[None]:
+    """Inside an enclosing autocast (mixed precision), keep each weight's cast to the compute
+    dtype for the whole block instead of casting it again at every forward.
+
+    A run's autocast has its cast cache off, because it spans optimizer steps and a cached cast
+    would outlive the weights it came from. A generation call changes no weight, and it runs one
+    forward per new token, so there it casts once and the cache is dropped on the way out (the
+    next call sees the weights as they are then). Outside an autocast it does nothing."""
+    import torch
+
+    if not torch.is_autocast_enabled(device_type):
+        yield
+        return
+    with torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type),
+                        cache_enabled=True):
+        try:
+            yield
+        finally:
+            torch.clear_autocast_cache()
 
 
 class StopStringCriteria:
