@@ -218,3 +218,28 @@ def test_a_generation_after_an_update_sees_the_new_weights_not_a_cached_cast():
         expected = _greedy_ids(other, tok)
     assert after == expected
     assert after != before
+
+
+def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_draw(
+        model_and_tokenizer, monkeypatch):
+    model, tok = model_and_tokenizer
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
+    generator = HFGenerator(model, tok, batch_size=8)  # a batch holds 2 prompts x 4 samples
+    prefills: list[int] = []
+    forward = model.forward
+
+    def counting_forward(*args, **kwargs):
+        ids = kwargs.get("input_ids")
+        if ids is not None and ids.shape[1] > 1:  # a prefill, not a decoding step
+            prefills.append(ids.shape[0])
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting_forward)
+    shared = generator.generate(PROMPTS, params)
+    assert prefills == [2, 1]  # one row per distinct prompt, not one per sample
+    monkeypatch.setattr(HFGenerator, "_shared_prefill", lambda *_: None)
+    prefills.clear()
+    separate = generator.generate(PROMPTS, params)
+    assert prefills == [8, 4]
+    assert [r.completion_ids for r in shared] == [r.completion_ids for r in separate]
+    assert len({tuple(r.completion_ids) for r in shared}) > 3  # the samples do differ

@@ -18,9 +18,12 @@ Conventions every backend keeps:
 - temperature 0 means greedy; otherwise pure sampling at that temperature with nucleus `top_p`
   (no top-k, no repetition penalty: the log-probs the methods compute must describe the sampler);
 - the same `seed`, inputs, batch size and device give the same samples;
+- the samples of a prompt share one prefill of it (:meth:`HFGenerator._shared_prefill`): the same
+  distribution, though in bf16 some samples differ from what separate prefills would draw (a
+  batch of another shape rounds differently, and a sampled token near a tie flips);
 - under mixed precision (an enclosing autocast) each weight is cast to the compute dtype once per
   generation call, not once per decoded token (:func:`weights_cast_once`): the same values, so
-  the same samples (benchmarks/generation_cast.py measures the gain).
+  the same samples (benchmarks/generation.py measures the gain, docs/performance.md).
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from clbench.tasks.base import Messages, split_response_start
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from clbench.specs import Budget, DecodingSpec
@@ -237,11 +241,47 @@ class HFGenerator(Generator):
         if min(row_caps) < max(row_caps):
             criteria.append(RowCapCriteria(row_caps, width))
         device = self.model.device
+        input_ids, attention = input_ids.to(device), attention.to(device)
         with torch.no_grad():
-            result = self.model.generate(input_ids=input_ids.to(device),
-                                         attention_mask=attention.to(device),
-                                         generation_config=config, stopping_criteria=criteria)
+            prefilled = self._shared_prefill(input_ids, attention)
+            result = self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                         generation_config=config, stopping_criteria=criteria,
+                                         **({} if prefilled is None else prefilled))
         return result[:, width:].tolist()
+
+    def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor
+                        ) -> dict[str, Any] | None:
+        """`generate`'s cache argument: the KV cache of every row's prompt but its last token, computed once per distinct
+        prompt and copied to the rows that repeat it (a prompt's samples); None when no two
+        rows share a prompt (evaluation), and `generate` prefills as usual.
+
+        The last prompt token is left to `generate`, whose first step then samples from it."""
+        import inspect
+
+        import torch
+        from transformers import DynamicCache
+
+        rows = [tuple(row) for row in input_ids.tolist()]
+        first: dict[tuple[int, ...], int] = {}
+        for i, row in enumerate(rows):
+            first.setdefault(row, i)
+        if len(first) == len(rows) or input_ids.shape[1] < 2:
+            return None
+        distinct = torch.tensor(list(first.values()), device=input_ids.device)
+        ids, mask = input_ids[distinct, :-1], attention[distinct, :-1]
+        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as `generate` sets them
+        try:
+            cache = DynamicCache(config=self.model.config)
+        except TypeError:  # transformers before the cache took the model's config
+            cache = DynamicCache()
+        # transformers 5.x calls the cache argument `cache` (`past_key_values` is deprecated)
+        name = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
+            else "past_key_values"
+        self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                   **{name: cache})
+        order = {row: k for k, row in enumerate(first)}
+        cache.reorder_cache(torch.tensor([order[row] for row in rows], device=input_ids.device))
+        return {name: cache}
 
 
 @contextmanager

@@ -1,0 +1,165 @@
+"""Generation speed-ups, each against the way it replaced, alternating in one process.
+
+`--compare cast` (evaluation, greedy): under mixed precision (fp32 weights, bf16 autocast, what a
+run uses on a CPU with AVX512-BF16 and on GPUs) autocast casts a weight every time a forward uses
+it; generation runs one forward per new token, so without the cast cache every decoded token
+re-casts the whole model. `clbench.engine.rollout` keeps the casts for one generation call
+(`weights_cast_once`). Evaluates the suite's columns both ways on the same items.
+
+`--compare prefill` (training rollouts, sampled): the samples of a prompt share one prefill of it
+(`HFGenerator._shared_prefill`) instead of each prefilling the same prompt. Generates one step's
+rollouts of each stage (its prompts per step x samples per prompt and token cap) both ways.
+
+    python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
+    python benchmarks/generation.py starter --compare prefill --columns math,tool_use
+
+Prints seconds for each way (median [min-max] of the repeats), the ratio, and how many
+completions are identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+from typing import Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
+    ap.add_argument("--compare", choices=("cast", "prefill"), default="cast",
+                    help="cast: weight casts in evaluation; prefill: shared prefill in rollouts")
+    ap.add_argument("--columns", default="math,tool_use",
+                    help="comma-separated task columns (stages for --compare prefill)")
+    ap.add_argument("--n", type=int, default=48,
+                    help="eval items per column for --compare cast (default 48)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs of each way (default 3)")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from clbench.engine.distributed import Distributed
+    from clbench.models import load_model
+    from clbench.suites import load_suite
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    suite = load_suite(args.suite)
+    dist = Distributed.create(args.device, suite.model.dtype, suite.model.mixed_precision)
+    if args.compare == "cast" and not dist.precision.mixed:
+        print(f"{suite.model.name} runs in {dist.precision.label} here (no autocast): no casts "
+              "to compare", file=sys.stderr)
+        return 1
+    model, tokenizer = load_model(suite.model, device=dist.device, dtype=dist.precision.weights)
+    compare = compare_cast if args.compare == "cast" else compare_prefill
+    ways, jobs = compare(suite, model, tokenizer, args)
+    print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
+          f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
+    first, second = ways
+    print(f"| column | {first} (s) | {second} (s) | ratio | identical |")
+    print("|---|---:|---:|---:|---|")
+    with dist.autocast():
+        for column, generate in jobs:
+            print(format_row(column, time_ways(ways, generate, args.repeats)))
+    return 0
+
+
+def compare_cast(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                 ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Greedy evaluation of each column with each weight cast once per call / per token."""
+
+    from clbench.engine import rollout
+    from clbench.evaluation import make_generate_fn
+    from clbench.registry import build_task
+
+    cached = rollout.weights_cast_once
+
+    def cast_once() -> None:
+        rollout.weights_cast_once = cached
+
+    def cast_per_token() -> None:
+        rollout.weights_cast_once = lambda _device: contextlib.nullcontext()
+
+    generate = make_generate_fn(model, tokenizer, suite.protocol.decoding)
+    specs = {s.name: s.task for s in suite.stages} | {p.name: p.task for p in suite.probes
+                                                      if p.task is not None}
+    jobs = []
+    for column in args.columns.split(","):
+        spec = specs[column]
+        prompts = [ex.messages for ex in build_task(spec).examples("eval", spec.seed, args.n)]
+        jobs.append((f"{column} ({len(prompts)} items)",
+                     lambda prompts=prompts: generate(prompts)))
+    return {"cast once per call": cast_once, "cast per token": cast_per_token}, jobs
+
+
+def compare_prefill(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                    ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """One step's rollouts of each stage with one prefill per prompt / per sample."""
+    from clbench.engine.rollout import HFGenerator, SamplingParams
+    from clbench.registry import build_task
+
+    shared = HFGenerator._shared_prefill
+
+    def one_prefill_per_prompt() -> None:
+        HFGenerator._shared_prefill = shared  # type: ignore[method-assign]
+
+    def one_prefill_per_sample() -> None:
+        HFGenerator._shared_prefill = lambda *_: None  # type: ignore[method-assign]
+
+    stages = {s.name: s for s in suite.stages}
+    jobs = []
+    for column in args.columns.split(","):
+        stage = stages[column]
+        budget = stage.budget
+        examples = build_task(stage.task).examples("train", stage.task.seed,
+                                                   budget.prompts_per_step)
+        prompts = [ex.messages for ex in examples]
+        params = SamplingParams.from_budget(budget, seed=0)
+        generator = HFGenerator(model, tokenizer, batch_size=len(prompts) * params.n)
+        jobs.append((f"{column} ({len(prompts)} x {params.n} rollouts)",
+                     lambda prompts=prompts, params=params, generator=generator:
+                     [r.text for r in generator.generate(prompts, params)]))
+    return {"one prefill per prompt": one_prefill_per_prompt,
+            "one prefill per sample": one_prefill_per_sample}, jobs
+
+
+def time_ways(ways: dict[str, Any], generate: Any, repeats: int) -> dict[str, Any]:
+    """Seconds of each way over `repeats` alternating runs, and how many outputs agree."""
+    seconds: dict[str, list[float]] = {name: [] for name in ways}
+    outputs: dict[str, list[str]] = {}
+    try:
+        for _ in range(repeats):
+            for name, select in ways.items():
+                select()
+                started = time.perf_counter()
+                outputs[name] = generate()
+                seconds[name].append(time.perf_counter() - started)
+    finally:
+        next(iter(ways.values()))()  # the library's own way again
+    first, second = outputs.values()
+    return {"seconds": seconds, "same": sum(a == b for a, b in zip(first, second)),
+            "n": len(first)}
+
+
+def format_row(column: str, result: dict[str, Any]) -> str:
+    once, per_token = result["seconds"].values()
+
+    def cell(values: list[float]) -> str:
+        return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
+
+    ratio = statistics.median(per_token) / statistics.median(once)
+    return (f"| {column} | {cell(once)} | {cell(per_token)} | {ratio:.2f}x | "
+            f"{result['same']}/{result['n']} |")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
