@@ -226,20 +226,33 @@ def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_d
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
     generator = HFGenerator(model, tok, batch_size=8)  # a batch holds 2 prompts x 4 samples
     prefills: list[int] = []
-    forward = model.forward
 
-    def counting_forward(*args, **kwargs):
+    def count_prefills(_module, _args, kwargs):
         ids = kwargs.get("input_ids")
         if ids is not None and ids.shape[1] > 1:  # a prefill, not a decoding step
             prefills.append(ids.shape[0])
-        return forward(*args, **kwargs)
 
-    monkeypatch.setattr(model, "forward", counting_forward)
-    shared = generator.generate(PROMPTS, params)
-    assert prefills == [2, 1]  # one row per distinct prompt, not one per sample
-    monkeypatch.setattr(HFGenerator, "_shared_prefill", lambda *_: None)
-    prefills.clear()
-    separate = generator.generate(PROMPTS, params)
-    assert prefills == [8, 4]
+    hook = model.get_decoder().register_forward_pre_hook(count_prefills, with_kwargs=True)
+    try:
+        shared = generator.generate(PROMPTS, params)
+        assert prefills == [2, 1]  # one row per distinct prompt, not one per sample
+        monkeypatch.setattr(HFGenerator, "_shared_prefill", lambda *_: None)
+        prefills.clear()
+        separate = generator.generate(PROMPTS, params)
+        assert prefills == [8, 4]
+    finally:
+        hook.remove()
     assert [r.completion_ids for r in shared] == [r.completion_ids for r in separate]
     assert len({tuple(r.completion_ids) for r in shared}) > 3  # the samples do differ
+
+
+def test_a_checkpoint_that_names_its_cache_gets_its_own_prefill(model_and_tokenizer,
+                                                                 monkeypatch):
+    model, tok = model_and_tokenizer
+    monkeypatch.setattr(model.generation_config, "cache_implementation", "static",
+                        raising=False)
+    generator = HFGenerator(model, tok, batch_size=8)
+    assert generator._attention_cache() is None  # generate would refuse a second cache
+    rollouts = generator.generate(PROMPTS[:1], SamplingParams(n=2, temperature=1.0,
+                                                              max_new_tokens=4))
+    assert len(rollouts) == 2

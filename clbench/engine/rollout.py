@@ -251,37 +251,66 @@ class HFGenerator(Generator):
 
     def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor
                         ) -> dict[str, Any] | None:
-        """`generate`'s cache argument: the KV cache of every row's prompt but its last token, computed once per distinct
-        prompt and copied to the rows that repeat it (a prompt's samples); None when no two
-        rows share a prompt (evaluation), and `generate` prefills as usual.
+        """`generate`'s cache argument: the KV cache of every row's prompt but its last token,
+        computed once per distinct prompt and copied to the rows that repeat it (a prompt's
+        samples); None when no two rows share a prompt (evaluation) or the model's cache is not
+        plain attention, and `generate` prefills as usual.
 
         The last prompt token is left to `generate`, whose first step then samples from it."""
-        import inspect
-
         import torch
-        from transformers import DynamicCache
 
-        rows = [tuple(row) for row in input_ids.tolist()]
-        first: dict[tuple[int, ...], int] = {}
+        # A prompt is its ids and its padding: with pad = EOS, "[pad] B" and "B" differ.
+        rows = [tuple(zip(ids, mask)) for ids, mask in zip(input_ids.tolist(),
+                                                            attention.tolist())]
+        first: dict[tuple[tuple[int, int], ...], int] = {}
         for i, row in enumerate(rows):
             first.setdefault(row, i)
         if len(first) == len(rows) or input_ids.shape[1] < 2:
             return None
+        cache = self._attention_cache()
+        if cache is None:
+            return None
         distinct = torch.tensor(list(first.values()), device=input_ids.device)
         ids, mask = input_ids[distinct, :-1], attention[distinct, :-1]
         positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as `generate` sets them
+        # The decoder alone: the prefix needs no logits (a vocabulary row per prompt token).
+        decoder = self.model.get_decoder()
+        decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                **{_cache_argument(decoder): cache})
+        order = {row: k for k, row in enumerate(first)}
+        cache.reorder_cache(torch.tensor([order[row] for row in rows], device=input_ids.device))
+        return {_cache_argument(self.model): cache}
+
+    def _attention_cache(self) -> Any:
+        """An empty dynamic KV cache for this model, or None where a prefilled one cannot be
+        handed to `generate`: recurrent layers (generate would feed them the prompt again), a
+        checkpoint that names its own cache implementation (generate refuses both), or a model
+        without the default dynamic cache."""
+        from transformers import DynamicCache
+
+        supports = getattr(type(self.model), "_supports_default_dynamic_cache", None)
+        if supports is None or not supports():
+            return None
+        implementation = getattr(getattr(self.model, "generation_config", None),
+                                 "cache_implementation", None)
+        if implementation not in (None, "hybrid"):
+            return None
         try:
             cache = DynamicCache(config=self.model.config)
         except TypeError:  # transformers before the cache took the model's config
             cache = DynamicCache()
-        # transformers 5.x calls the cache argument `cache` (`past_key_values` is deprecated)
-        name = "cache" if "cache" in inspect.signature(type(self.model).forward).parameters \
-            else "past_key_values"
-        self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                   **{name: cache})
-        order = {row: k for k, row in enumerate(first)}
-        cache.reorder_cache(torch.tensor([order[row] for row in rows], device=input_ids.device))
-        return {name: cache}
+        if any(getattr(cache, "is_linear", None) or ()):
+            return None
+        return cache
+
+
+def _cache_argument(module: Any) -> str:
+    """The name of a forward's KV-cache argument: `cache` in transformers 5.x (where
+    `past_key_values` is deprecated), `past_key_values` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(module).forward).parameters \
+        else "past_key_values"
 
 
 @contextmanager
