@@ -246,13 +246,17 @@ def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_d
     assert len({tuple(r.completion_ids) for r in shared}) > 3  # the samples do differ
 
 
-def test_a_checkpoint_that_names_its_cache_gets_its_own_prefill(model_and_tokenizer,
-                                                                 monkeypatch):
+def test_a_checkpoints_generation_settings_never_reach_the_sampler(model_and_tokenizer,
+                                                                   monkeypatch):
     model, tok = model_and_tokenizer
-    monkeypatch.setattr(model.generation_config, "cache_implementation", "static",
-                        raising=False)
-    generator = HFGenerator(model, tok, batch_size=8)
-    assert generator._attention_cache() is None  # generate would refuse a second cache
-    rollouts = generator.generate(PROMPTS[:1], SamplingParams(n=2, temperature=1.0,
-                                                              max_new_tokens=4))
-    assert len(rollouts) == 2
+    plain = _greedy_ids(model, tok)
+    sampled = HFGenerator(model, tok, batch_size=8).generate(
+        PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=4))
+    for name, value in {"repetition_penalty": 50.0, "no_repeat_ngram_size": 1,
+                        "cache_implementation": "static"}.items():
+        monkeypatch.setattr(model.generation_config, name, value, raising=False)
+    assert _greedy_ids(model, tok) == plain  # a penalty of 50 would change every repeat
+    again = HFGenerator(model, tok, batch_size=8).generate(  # with its shared prefill
+        PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=4))
+    assert [r.completion_ids for r in again] == [r.completion_ids for r in sampled]
+    assert model.generation_config.repetition_penalty == 50.0  # given back afterwards

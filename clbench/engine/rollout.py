@@ -227,7 +227,8 @@ class HFGenerator(Generator):
         for i, seq in enumerate(sequences):
             input_ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             attention[i, width - len(seq):] = 1
-        # A fresh config, not the model's: checkpoints ship sampling defaults (top_k=50,
+        # A fresh config, not the model's, and the model's hidden while generating
+        # (:func:`checkpoint_defaults_hidden`): checkpoints ship sampling defaults (top_k=50,
         # repetition penalties) that would make the sampler differ from the scored policy.
         config = GenerationConfig(
             max_new_tokens=max(row_caps), do_sample=not params.greedy,
@@ -242,7 +243,7 @@ class HFGenerator(Generator):
             criteria.append(RowCapCriteria(row_caps, width))
         device = self.model.device
         input_ids, attention = input_ids.to(device), attention.to(device)
-        with torch.no_grad():
+        with torch.no_grad(), checkpoint_defaults_hidden(self.model, config):
             prefilled = self._shared_prefill(input_ids, attention)
             result = self.model.generate(input_ids=input_ids, attention_mask=attention,
                                          generation_config=config, stopping_criteria=criteria,
@@ -283,17 +284,13 @@ class HFGenerator(Generator):
 
     def _attention_cache(self) -> Any:
         """An empty dynamic KV cache for this model, or None where a prefilled one cannot be
-        handed to `generate`: recurrent layers (generate would feed them the prompt again), a
-        checkpoint that names its own cache implementation (generate refuses both), or a model
-        without the default dynamic cache."""
+        handed to `generate`: recurrent layers (generate would feed them the prompt again) or a
+        model without the default dynamic cache. (A checkpoint's own `cache_implementation` is
+        hidden from `generate` with the rest of its generation config.)"""
         from transformers import DynamicCache
 
         supports = getattr(type(self.model), "_supports_default_dynamic_cache", None)
         if supports is None or not supports():
-            return None
-        implementation = getattr(getattr(self.model, "generation_config", None),
-                                 "cache_implementation", None)
-        if implementation not in (None, "hybrid"):
             return None
         try:
             cache = DynamicCache(config=self.model.config)
@@ -311,6 +308,21 @@ def _cache_argument(module: Any) -> str:
 
     return "cache" if "cache" in inspect.signature(type(module).forward).parameters \
         else "past_key_values"
+
+
+@contextmanager
+def checkpoint_defaults_hidden(model: Any, config: Any) -> Iterator[None]:
+    """While generating, the model's own generation config is `config`.
+
+    transformers (5.x) fills every setting a passed config leaves unset from the checkpoint's
+    generation config, so a checkpoint's `repetition_penalty`, `min_p` or `num_beams` would reach
+    the sampler and the samples would no longer come from the policy the methods score."""
+    saved = getattr(model, "generation_config", None)
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = saved
 
 
 @contextmanager
