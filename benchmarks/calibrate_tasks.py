@@ -63,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from clbench.engine.distributed import Distributed
     from clbench.evaluation import make_generate_fn
-    from clbench.models import load_model
     from clbench.suites import load_suite
 
     if args.threads:
@@ -82,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     # The precision a run of this suite evaluates in (e.g. fp32 weights under bf16 autocast):
     # bf16 weights alone answer differently.
     dist = Distributed.create(args.device, suite.model.dtype, suite.model.mixed_precision)
-    model, tokenizer = load_model(suite.model.model_copy(update={"name": model_name}),
-                                  device=dist.device, dtype=dist.precision.weights)
+    model, tokenizer = dist.load_model(suite.model.model_copy(update={"name": model_name}))
     print(f"loaded {model_name} ({dist.precision.label}, {model.device}) in "
           f"{time.time() - t0:.1f} s", file=sys.stderr)
     generate = make_generate_fn(model, tokenizer, decoding)

@@ -48,7 +48,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from clbench.engine.distributed import Distributed
-    from clbench.models import load_model
     from clbench.suites import load_suite
 
     if args.threads:
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{suite.model.name} runs in {dist.precision.label} here (no autocast): no casts "
               "to compare", file=sys.stderr)
         return 1
-    model, tokenizer = load_model(suite.model, device=dist.device, dtype=dist.precision.weights)
+    model, tokenizer = dist.load_model(suite.model)
     compare = compare_cast if args.compare == "cast" else compare_prefill
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "

@@ -26,7 +26,6 @@ import torch
 from clbench.engine.api import StageContext
 from clbench.engine.distributed import Distributed
 from clbench.errors import UserError
-from clbench.models import load_model
 from clbench.registry import build_method, build_task
 from clbench.specs import Budget, MethodSpec, TaskSpec
 
@@ -39,8 +38,7 @@ def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "
             mixed_precision: bool = True) -> dict:
     """Train `steps` steps of one method; per-step seconds and summed phase times."""
     dist = Distributed.create(device, dtype, mixed_precision)
-    model, tokenizer = load_model("smollm2-135m", device=dist.device,
-                                  dtype=dist.precision.weights)
+    model, tokenizer = dist.load_model("smollm2-135m")
     task = build_task(TASK)
     method = build_method(MethodSpec(name=method_name))
     budget = Budget(steps=steps, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=48)

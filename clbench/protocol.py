@@ -263,10 +263,8 @@ def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
 
 def _load_model(run: RunSpec, dist: Distributed) -> tuple[Any, Any]:
     """(model, tokenizer) on the run's device, initialised from the run seed (tiny models)."""
-    from clbench.models import load_model
-
     seed_everything(derive_seed(run.seed, "init"))
-    return load_model(run.model, device=dist.device, dtype=dist.precision.weights, seed=run.seed)
+    return dist.load_model(run.model, seed=run.seed)
 
 
 def make_distributed(run: RunSpec) -> Distributed:

@@ -192,6 +192,15 @@ class Distributed:
                 torch.cuda.set_device(resolved)
         return cls(accelerator, resolved, precision)
 
+    def load_model(self, spec: Any, seed: int = 0) -> tuple[Any, Any]:
+        """`(model, tokenizer)` of a model spec on this process's device, its weights in this
+        run's precision (fp32 under mixed precision): the model as `clbench run` trains and
+        evaluates it, for the protocol and for scripts that must see the same. `seed` matters
+        only for `tiny-*` models (their initialisation)."""
+        from clbench.models import load_model
+
+        return load_model(spec, device=self.device, dtype=self.precision.weights, seed=seed)
+
     @classmethod
     def for_model(cls, model: nn.Module, device: str | torch.device | None = None
                   ) -> Distributed:
