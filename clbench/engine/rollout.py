@@ -201,7 +201,8 @@ class HFGenerator(Generator):
         with torch.random.fork_rng(devices=self._rng_devices()):
             # One seed per batch, so a batch's samples do not depend on earlier batches.
             torch.manual_seed(_batch_seed(params.seed, batch_no))
-            generated = self._generate_batch(sequences, params, eos_ids, row_caps)
+            generated = self._generate_batch(sequences, params, eos_ids, row_caps,
+                                             [p for p, _ in chunk])
         out: list[Rollout] = []
         for (p, s), ids, cap in zip(chunk, generated, row_caps):
             completion, text, finished = finish_completion(ids[:cap], self.tokenizer, eos_ids,
@@ -214,9 +215,10 @@ class HFGenerator(Generator):
         return [device] if device.type == "cuda" else []
 
     def _generate_batch(self, sequences: list[list[int]], params: SamplingParams,
-                        eos_ids: set[int], row_caps: list[int]) -> list[list[int]]:
+                        eos_ids: set[int], row_caps: list[int], row_prompts: list[int]
+                        ) -> list[list[int]]:
         """Raw generated ids per row (may run past EOS or the row's cap into padding; trimmed
-        by the caller)."""
+        by the caller); `row_prompts`: each row's prompt index (a prompt's samples share it)."""
         import torch
         from transformers import GenerationConfig, StoppingCriteriaList
 
@@ -244,14 +246,14 @@ class HFGenerator(Generator):
         device = self.model.device
         input_ids, attention = input_ids.to(device), attention.to(device)
         with torch.no_grad(), checkpoint_defaults_hidden(self.model, config):
-            prefilled = self._shared_prefill(input_ids, attention)
+            prefilled = self._shared_prefill(input_ids, attention, row_prompts)
             result = self.model.generate(input_ids=input_ids, attention_mask=attention,
                                          generation_config=config, stopping_criteria=criteria,
                                          **({} if prefilled is None else prefilled))
         return result[:, width:].tolist()
 
-    def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor
-                        ) -> dict[str, Any] | None:
+    def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor,
+                        row_prompts: list[int]) -> dict[str, Any] | None:
         """`generate`'s cache argument: the KV cache of every row's prompt but its last token,
         computed once per distinct prompt and copied to the rows that repeat it (a prompt's
         samples); None when no two rows share a prompt (evaluation) or the model's cache is not
@@ -260,13 +262,10 @@ class HFGenerator(Generator):
         The last prompt token is left to `generate`, whose first step then samples from it."""
         import torch
 
-        # A prompt is its ids and its padding: with pad = EOS, "[pad] B" and "B" differ.
-        rows = [tuple(zip(ids, mask)) for ids, mask in zip(input_ids.tolist(),
-                                                            attention.tolist())]
-        first: dict[tuple[tuple[int, int], ...], int] = {}
-        for i, row in enumerate(rows):
-            first.setdefault(row, i)
-        if len(first) == len(rows) or input_ids.shape[1] < 2:
+        first: dict[int, int] = {}  # prompt index -> its first row
+        for i, prompt in enumerate(row_prompts):
+            first.setdefault(prompt, i)
+        if len(first) == len(row_prompts) or input_ids.shape[1] < 2:
             return None
         cache = self._attention_cache()
         if cache is None:
@@ -278,8 +277,9 @@ class HFGenerator(Generator):
         decoder = self.model.get_decoder()
         decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 **{_cache_argument(decoder): cache})
-        order = {row: k for k, row in enumerate(first)}
-        cache.reorder_cache(torch.tensor([order[row] for row in rows], device=input_ids.device))
+        order = {prompt: k for k, prompt in enumerate(first)}
+        cache.reorder_cache(torch.tensor([order[p] for p in row_prompts],
+                                         device=input_ids.device))
         return {_cache_argument(self.model): cache}
 
     def _attention_cache(self) -> Any:
