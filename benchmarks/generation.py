@@ -6,12 +6,14 @@ it; generation runs one forward per new token, so without the cast cache every d
 re-casts the whole model. `clbench.engine.rollout` keeps the casts for one generation call
 (`weights_cast_once`). Evaluates the suite's columns both ways on the same items.
 
-`--compare prefill` (training rollouts, sampled): the samples of a prompt share one prefill of it
-(`HFGenerator._shared_prefill`) instead of each prefilling the same prompt. Generates one step's
-rollouts of each stage (its prompts per step x samples per prompt and token cap) both ways.
+`--compare loop`: clbench's decode loop (`clbench.engine.decoding`: one prefill per distinct
+prompt, ended rows dropped from the batch, stop strings found from the newest tokens) against
+transformers' `model.generate` on the same batches. Evaluates the columns (greedy; the suite's
+decoding) and generates one step's rollouts of each stage of the same name (its prompts per step x
+samples per prompt, its temperature and token cap), both ways.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
-    python benchmarks/generation.py starter --compare prefill --columns math,tool_use
+    python benchmarks/generation.py starter --compare loop --columns math,tool_use --n 32
 
 Prints seconds for each way (median [min-max] of the repeats), the ratio, and how many
 completions are identical.
@@ -31,12 +33,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
-    ap.add_argument("--compare", choices=("cast", "prefill"), default="cast",
-                    help="cast: weight casts in evaluation; prefill: shared prefill in rollouts")
+    ap.add_argument("--compare", choices=("cast", "loop"), default="cast",
+                    help="cast: weight casts in evaluation; loop: clbench's decode loop against "
+                         "model.generate in evaluation and rollouts")
     ap.add_argument("--columns", default="math,tool_use",
-                    help="comma-separated task columns (stages for --compare prefill)")
-    ap.add_argument("--n", type=int, default=48,
-                    help="eval items per column for --compare cast (default 48)")
+                    help="comma-separated task columns (and, for --compare loop, stages)")
+    ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each way (default 3)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -59,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
               "to compare", file=sys.stderr)
         return 1
     model, tokenizer = dist.load_model(suite.model)
-    compare = compare_cast if args.compare == "cast" else compare_prefill
+    compare = compare_cast if args.compare == "cast" else compare_loop
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
     first, second = ways
-    print(f"| column | {first} (s) | {second} (s) | ratio | identical |")
+    print(f"| job | {first} (s) | {second} (s) | ratio | identical |")
     print("|---|---:|---:|---:|---|")
     with dist.autocast():
         for column, generate in jobs:
@@ -75,10 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 def compare_cast(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
                  ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """Greedy evaluation of each column with each weight cast once per call / per token."""
-
     from clbench.engine import rollout
-    from clbench.evaluation import make_generate_fn
-    from clbench.registry import build_task
 
     cached = rollout.weights_cast_once
 
@@ -88,35 +87,51 @@ def compare_cast(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
     def cast_per_token() -> None:
         rollout.weights_cast_once = lambda _device: contextlib.nullcontext()
 
+    return {"cast once per call": cast_once, "cast per token": cast_per_token}, \
+        eval_jobs(suite, model, tokenizer, args)
+
+
+def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+              ) -> list[tuple[str, Any]]:
+    """Each column's first `--n` eval items, evaluated with the suite's decoding in the order
+    a run evaluates them (longest prompts first)."""
+    from clbench.evaluation import make_generate_fn, prompt_chars
+    from clbench.registry import build_task
+
     generate = make_generate_fn(model, tokenizer, suite.protocol.decoding)
     specs = {s.name: s.task for s in suite.stages} | {p.name: p.task for p in suite.probes
                                                       if p.task is not None}
     jobs = []
     for column in args.columns.split(","):
         spec = specs[column]
-        prompts = [ex.messages for ex in build_task(spec).examples("eval", spec.seed, args.n)]
-        jobs.append((f"{column} ({len(prompts)} items)",
+        prompts = sorted((ex.messages for ex in build_task(spec).examples("eval", spec.seed,
+                                                                          args.n)),
+                         key=prompt_chars, reverse=True)
+        jobs.append((f"eval {column} ({len(prompts)} items)",
                      lambda prompts=prompts: generate(prompts)))
-    return {"cast once per call": cast_once, "cast per token": cast_per_token}, jobs
+    return jobs
 
 
-def compare_prefill(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
-                    ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
-    """One step's rollouts of each stage with one prefill per prompt / per sample."""
+def compare_loop(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                 ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Evaluation and one step's rollouts with clbench's decode loop / `model.generate`."""
+    from clbench.engine import decoding
     from clbench.engine.rollout import HFGenerator, SamplingParams
     from clbench.registry import build_task
 
-    shared = HFGenerator._shared_prefill
+    cache = decoding.attention_cache
 
-    def one_prefill_per_prompt() -> None:
-        HFGenerator._shared_prefill = shared  # type: ignore[method-assign]
+    def decode_loop() -> None:
+        decoding.attention_cache = cache
 
-    def one_prefill_per_sample() -> None:
-        HFGenerator._shared_prefill = lambda *_: None  # type: ignore[method-assign]
+    def model_generate() -> None:
+        decoding.attention_cache = lambda _model: None  # the generator falls back to generate
 
     stages = {s.name: s for s in suite.stages}
-    jobs = []
+    jobs = eval_jobs(suite, model, tokenizer, args)
     for column in args.columns.split(","):
+        if column not in stages:
+            continue
         stage = stages[column]
         budget = stage.budget
         examples = build_task(stage.task).examples("train", stage.task.seed,
@@ -124,11 +139,10 @@ def compare_prefill(suite: Any, model: Any, tokenizer: Any, args: argparse.Names
         prompts = [ex.messages for ex in examples]
         params = SamplingParams.from_budget(budget, seed=0)
         generator = HFGenerator(model, tokenizer, batch_size=len(prompts) * params.n)
-        jobs.append((f"{column} ({len(prompts)} x {params.n} rollouts)",
+        jobs.append((f"rollouts {column} ({len(prompts)} x {params.n})",
                      lambda prompts=prompts, params=params, generator=generator:
                      [r.text for r in generator.generate(prompts, params)]))
-    return {"one prefill per prompt": one_prefill_per_prompt,
-            "one prefill per sample": one_prefill_per_sample}, jobs
+    return {"decode loop": decode_loop, "model.generate": model_generate}, jobs
 
 
 def time_ways(ways: dict[str, Any], generate: Any, repeats: int) -> dict[str, Any]:
@@ -150,13 +164,13 @@ def time_ways(ways: dict[str, Any], generate: Any, repeats: int) -> dict[str, An
 
 
 def format_row(column: str, result: dict[str, Any]) -> str:
-    once, per_token = result["seconds"].values()
+    ours, theirs = result["seconds"].values()
 
     def cell(values: list[float]) -> str:
         return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
-    ratio = statistics.median(per_token) / statistics.median(once)
-    return (f"| {column} | {cell(once)} | {cell(per_token)} | {ratio:.2f}x | "
+    ratio = statistics.median(theirs) / statistics.median(ours)
+    return (f"| {column} | {cell(ours)} | {cell(theirs)} | {ratio:.2f}x | "
             f"{result['same']}/{result['n']} |")
 
 

@@ -141,11 +141,13 @@ def test_a_prompt_cap_gives_the_first_tokens_of_an_uncapped_rollout(model_and_to
     uncapped = gen.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=10, seed=3))
     capped = gen.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=10, seed=3,
                                                   prompt_max_new_tokens=(3, 10, 6)))
-    assert [len(r.completion_ids) for r in uncapped] == [10] * 6  # no EOS from this model
-    assert [len(r.completion_ids) for r in capped] == [3, 3, 10, 10, 6, 6]
-    for full, cut in zip(uncapped, capped):
+    caps = [3, 3, 10, 10, 6, 6]
+    assert [len(r.completion_ids) for r in capped] == [
+        min(cap, len(full.completion_ids)) for cap, full in zip(caps, uncapped)]
+    assert sum(len(r.completion_ids) < cap for r, cap in zip(capped, caps)) >= 1  # an EOS
+    for full, cut, cap in zip(uncapped, capped, caps):
         assert cut.completion_ids == full.completion_ids[:len(cut.completion_ids)]
-        assert not cut.finished
+        assert cut.finished == (full.finished and len(full.completion_ids) <= cap)
         assert cut.text == tok.decode(cut.completion_ids, skip_special_tokens=True)
     with pytest.raises(ValueError, match="2 prompt caps for 3 prompts"):
         gen.generate(PROMPTS, SamplingParams(max_new_tokens=10, prompt_max_new_tokens=(3, 4)))
@@ -222,6 +224,8 @@ def test_a_generation_after_an_update_sees_the_new_weights_not_a_cached_cast():
 
 def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_draw(
         model_and_tokenizer, monkeypatch):
+    from clbench.engine import decoding
+
     model, tok = model_and_tokenizer
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
     generator = HFGenerator(model, tok, batch_size=8)  # a batch holds 2 prompts x 4 samples
@@ -236,7 +240,9 @@ def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_d
     try:
         shared = generator.generate(PROMPTS, params)
         assert prefills == [2, 1]  # one row per distinct prompt, not one per sample
-        monkeypatch.setattr(HFGenerator, "_shared_prefill", lambda *_: None)
+        prefill = decoding._prefill  # each row its own prompt: one prefill per sample
+        monkeypatch.setattr(decoding, "_prefill", lambda model, ids, mask, rows, cache: prefill(
+            model, ids, mask, range(len(rows)), cache))
         prefills.clear()
         separate = generator.generate(PROMPTS, params)
         assert prefills == [8, 4]

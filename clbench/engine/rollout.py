@@ -1,8 +1,9 @@
 """Rollouts: sampling completions of chat prompts, the interface and its transformers backend.
 
 A :class:`Generator` turns chat prompts into :class:`Rollout` records (n samples per prompt).
-:class:`HFGenerator` runs `model.generate` in batches with a KV cache and left padding; another
-backend (vLLM) only has to implement :meth:`Generator.generate_from_ids`.
+:class:`HFGenerator` decodes batches of left-padded prompts with a KV cache through the loop of
+:mod:`clbench.engine.decoding` (`model.generate` for models whose cache that loop cannot run);
+another backend (vLLM) only has to implement :meth:`Generator.generate_from_ids`.
 
 Conventions every backend keeps:
 - prompts are chats, encoded with `apply_chat_template(add_generation_prompt=True)` (and the start
@@ -18,9 +19,10 @@ Conventions every backend keeps:
 - temperature 0 means greedy; otherwise pure sampling at that temperature with nucleus `top_p`
   (no top-k, no repetition penalty: the log-probs the methods compute must describe the sampler);
 - the same `seed`, inputs, batch size and device give the same samples;
-- the samples of a prompt share one prefill of it (:meth:`HFGenerator._shared_prefill`): the same
-  distribution, though in bf16 some samples differ from what separate prefills would draw (a
-  batch of another shape rounds differently, and a sampled token near a tie flips);
+- the samples of a prompt share one prefill of it, and a row's draws depend on its own logits
+  alone (:mod:`clbench.engine.decoding`): the same distribution as separate prefills, though in
+  bf16 some samples differ (a batch of another shape rounds differently, and a sampled token
+  near a tie flips);
 - under mixed precision (an enclosing autocast) each weight is cast to the compute dtype once per
   generation call, not once per decoded token (:func:`weights_cast_once`): the same values, so
   the same samples (benchmarks/generation.py measures the gain, docs/performance.md).
@@ -34,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from clbench.engine import decoding
 from clbench.tasks.base import Messages, split_response_start
 
 if TYPE_CHECKING:
@@ -149,7 +152,7 @@ class Generator(ABC):
 
 
 class HFGenerator(Generator):
-    """`transformers` generation: batches of `batch_size` sequences, left padded, KV cache."""
+    """`transformers` models: batches of `batch_size` sequences, left padded, KV cache."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  batch_size: int = 16) -> None:
@@ -217,10 +220,11 @@ class HFGenerator(Generator):
     def _generate_batch(self, sequences: list[list[int]], params: SamplingParams,
                         eos_ids: set[int], row_caps: list[int], row_prompts: list[int]
                         ) -> list[list[int]]:
-        """Raw generated ids per row (may run past EOS or the row's cap into padding; trimmed
-        by the caller); `row_prompts`: each row's prompt index (a prompt's samples share it)."""
+        """Generated ids per row, ending at the token that ended it (the caller trims at EOS
+        and stop strings); `row_prompts`: each row's prompt index (a prompt's samples share
+        it). The decode loop of :mod:`clbench.engine.decoding`, or `generate` for a model whose
+        cache it cannot run."""
         import torch
-        from transformers import GenerationConfig, StoppingCriteriaList
 
         pad_id = self.tokenizer.pad_token_id
         width = max(len(s) for s in sequences)
@@ -229,6 +233,26 @@ class HFGenerator(Generator):
         for i, seq in enumerate(sequences):
             input_ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
             attention[i, width - len(seq):] = 1
+        device = self.model.device
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        stops = decoding.StopScanner(self.tokenizer, params.stop) if params.stop else None
+        cache = decoding.attention_cache(self.model)
+        with torch.no_grad():
+            if cache is not None:
+                plan = decoding.RowPlan(row_prompts, row_caps, frozenset(eos_ids), stops)
+                return decoding.decode(self.model, input_ids, attention, plan,
+                                       decoding.Sampling(params.temperature, params.top_p), cache)
+            return self._generate_with_transformers(input_ids, attention, params, eos_ids,
+                                                    row_caps, stops)
+
+    def _generate_with_transformers(self, input_ids: torch.Tensor, attention: torch.Tensor,
+                                    params: SamplingParams, eos_ids: set[int],
+                                    row_caps: list[int], stops: Any) -> list[list[int]]:
+        """`model.generate`, for models with recurrent layers or their own cache: every row
+        decodes until the batch ends, each sample prefills its prompt."""
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        width = input_ids.shape[1]
         # A fresh config, not the model's, and the model's hidden while generating
         # (:func:`checkpoint_defaults_hidden`): checkpoints ship sampling defaults (top_k=50,
         # repetition penalties) that would make the sampler differ from the scored policy.
@@ -236,78 +260,17 @@ class HFGenerator(Generator):
             max_new_tokens=max(row_caps), do_sample=not params.greedy,
             temperature=params.temperature if not params.greedy else None,
             top_p=params.top_p if not params.greedy else None, top_k=0 if not params.greedy
-            else None, eos_token_id=sorted(eos_ids) or None, pad_token_id=pad_id,
-            bos_token_id=None, use_cache=True)
+            else None, eos_token_id=sorted(eos_ids) or None,
+            pad_token_id=self.tokenizer.pad_token_id, bos_token_id=None, use_cache=True)
         criteria = StoppingCriteriaList()
-        if params.stop:
-            criteria.append(StopStringCriteria(self.tokenizer, params.stop, width))
+        if stops is not None:
+            criteria.append(StopStringCriteria(stops, width))
         if min(row_caps) < max(row_caps):
             criteria.append(RowCapCriteria(row_caps, width))
-        device = self.model.device
-        input_ids, attention = input_ids.to(device), attention.to(device)
-        with torch.no_grad(), checkpoint_defaults_hidden(self.model, config):
-            prefilled = self._shared_prefill(input_ids, attention, row_prompts)
+        with checkpoint_defaults_hidden(self.model, config):
             result = self.model.generate(input_ids=input_ids, attention_mask=attention,
-                                         generation_config=config, stopping_criteria=criteria,
-                                         **({} if prefilled is None else prefilled))
+                                         generation_config=config, stopping_criteria=criteria)
         return result[:, width:].tolist()
-
-    def _shared_prefill(self, input_ids: torch.Tensor, attention: torch.Tensor,
-                        row_prompts: list[int]) -> dict[str, Any] | None:
-        """`generate`'s cache argument: the KV cache of every row's prompt but its last token,
-        computed once per distinct prompt and copied to the rows that repeat it (a prompt's
-        samples); None when no two rows share a prompt (evaluation) or the model's cache is not
-        plain attention, and `generate` prefills as usual.
-
-        The last prompt token is left to `generate`, whose first step then samples from it."""
-        import torch
-
-        first: dict[int, int] = {}  # prompt index -> its first row
-        for i, prompt in enumerate(row_prompts):
-            first.setdefault(prompt, i)
-        if len(first) == len(row_prompts) or input_ids.shape[1] < 2:
-            return None
-        cache = self._attention_cache()
-        if cache is None:
-            return None
-        distinct = torch.tensor(list(first.values()), device=input_ids.device)
-        ids, mask = input_ids[distinct, :-1], attention[distinct, :-1]
-        positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as `generate` sets them
-        # The decoder alone: the prefix needs no logits (a vocabulary row per prompt token).
-        decoder = self.model.get_decoder()
-        decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                **{_cache_argument(decoder): cache})
-        order = {prompt: k for k, prompt in enumerate(first)}
-        cache.reorder_cache(torch.tensor([order[p] for p in row_prompts],
-                                         device=input_ids.device))
-        return {_cache_argument(self.model): cache}
-
-    def _attention_cache(self) -> Any:
-        """An empty dynamic KV cache for this model, or None where a prefilled one cannot be
-        handed to `generate`: recurrent layers (generate would feed them the prompt again) or a
-        model without the default dynamic cache. (A checkpoint's own `cache_implementation` is
-        hidden from `generate` with the rest of its generation config.)"""
-        from transformers import DynamicCache
-
-        supports = getattr(type(self.model), "_supports_default_dynamic_cache", None)
-        if supports is None or not supports():
-            return None
-        try:
-            cache = DynamicCache(config=self.model.config)
-        except TypeError:  # transformers before the cache took the model's config
-            cache = DynamicCache()
-        if any(getattr(cache, "is_linear", None) or ()):
-            return None
-        return cache
-
-
-def _cache_argument(module: Any) -> str:
-    """The name of a forward's KV-cache argument: `cache` in transformers 5.x (where
-    `past_key_values` is deprecated), `past_key_values` before."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(type(module).forward).parameters \
-        else "past_key_values"
 
 
 @contextmanager
@@ -348,25 +311,19 @@ def weights_cast_once(device_type: str) -> Iterator[None]:
 
 
 class StopStringCriteria:
-    """Ends a row once its decoded completion contains a stop string.
+    """`generate`'s stopping criterion for stop strings: a row is done once its newest tokens
+    hold one (:class:`clbench.engine.decoding.StopScanner`; exact for any tokenizer, where
+    transformers' own matcher reasons about token spellings and misfires on character-level
+    vocabularies)."""
 
-    Works on decoded text, so it is exact for any tokenizer (transformers' own stop-string
-    matcher reasons about token spellings and misfires on character-level vocabularies). The
-    text is cut afterwards by :func:`finish_completion`; this only saves the wasted tokens.
-    """
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str],
-                 prompt_width: int) -> None:
-        self.tokenizer = tokenizer
-        self.stop = tuple(stop)
+    def __init__(self, scanner: Any, prompt_width: int) -> None:
+        self.scanner = scanner
         self.prompt_width = prompt_width
 
     def __call__(self, input_ids, scores, **kwargs):  # noqa: ANN001, ANN204 - transformers' API
         import torch
 
-        done = [_earliest_stop(self.tokenizer.decode(row[self.prompt_width:],
-                                                     skip_special_tokens=True), self.stop)
-                is not None for row in input_ids.tolist()]
+        done = [self.scanner.hit(row[self.prompt_width:]) for row in input_ids.tolist()]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 

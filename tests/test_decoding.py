@@ -1,0 +1,125 @@
+"""The decode loop: greedy tokens equal `model.generate`'s, ended rows leave the batch, stop
+strings found from the newest tokens, sampling draws the temperature/nucleus distribution."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from clbench.engine.decoding import Sampling, StopScanner, pick_tokens
+from clbench.engine.rollout import HFGenerator, SamplingParams, encode_chat
+from toy import one_thread, tiny
+
+PROMPTS = [[{"role": "user", "content": f"prompt {i}: " + "x" * (3 * i)}] for i in range(6)]
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    with one_thread():
+        yield
+
+
+def _plain_generate(model, tok, prompt_ids: list[list[int]], eos: list[int], n_new: int):
+    """`model.generate`, greedy, on the same left-padded batch."""
+    from transformers import GenerationConfig
+
+    width = max(map(len, prompt_ids))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    config = GenerationConfig(max_new_tokens=n_new, do_sample=False, eos_token_id=eos,
+                              pad_token_id=tok.pad_token_id, bos_token_id=None)
+    out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    rows = []
+    for row in out[:, width:].tolist():  # up to and including the first end token
+        cut = next((i for i, t in enumerate(row) if t in eos), len(row) - 1)
+        rows.append(row[:cut + 1])
+    return rows
+
+
+def _token_pairs(rollouts) -> list[list[int]]:
+    tokens = sorted({t for r in rollouts for t in r.completion_ids})
+    return [[a, b] for i, a in enumerate(tokens) for b in tokens[i + 1:]]
+
+
+def _lengths(rollouts, ends) -> list[int]:
+    return [next((k + 1 for k, t in enumerate(r.completion_ids) if t in ends),
+                 len(r.completion_ids)) for r in rollouts]
+
+
+def _varied_tiny():
+    """The tiny model with larger random weights: a freshly initialised one repeats a single
+    token greedily, and rows must differ to end at different steps."""
+    model, tok = tiny("tiny-llama", seed=2)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for weight in (p for p in model.parameters() if p.dim() == 2):
+            weight.copy_(torch.randn(weight.shape, generator=gen) * 0.3)
+    return model, tok
+
+
+def test_greedy_tokens_are_model_generates_while_ended_rows_leave_the_batch():
+    model, tok = _varied_tiny()
+    prompt_ids = [encode_chat(tok, p) for p in PROMPTS]
+    free = HFGenerator(model, tok, batch_size=6).generate(
+        PROMPTS, SamplingParams(n=1, temperature=0.0, max_new_tokens=24))
+    # Two tokens the rows emit become end tokens, chosen so that rows end at several steps.
+    ends = max(_token_pairs(free), key=lambda pair: len(set(_lengths(free, pair))))
+    assert len(set(_lengths(free, ends))) >= 3
+    batch_sizes: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: batch_sizes.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    saved = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = [tok.eos_token_id, *ends]
+    try:
+        ours = HFGenerator(model, tok, batch_size=6).generate(
+            PROMPTS, SamplingParams(n=1, temperature=0.0, max_new_tokens=24))
+    finally:
+        model.generation_config.eos_token_id = saved
+        hook.remove()
+    expected = _plain_generate(model, tok, prompt_ids, [tok.eos_token_id, *ends], 24)
+    assert [r.completion_ids for r in ours] == expected
+    lengths = sorted(len(r.completion_ids) for r in ours)
+    # one prefill of 6 rows, then one forward per step with only the rows still going
+    assert batch_sizes[0] == 6
+    assert batch_sizes[1:] == [sum(n > step for n in lengths) for step in range(1, lengths[-1])]
+
+
+def test_the_stop_scanner_fires_at_the_first_token_that_completes_a_stop_string():
+    _, tok = tiny("tiny-llama")
+    rng = random.Random(0)
+    letters, hits = "ab \n", 0
+    for _ in range(200):
+        ids = tok(''.join(rng.choice(letters) for _ in range(40)),
+                  add_special_tokens=False)["input_ids"]
+        stop = ("ab\na", " b ")
+        scanner = StopScanner(tok, stop)
+        first_full = next((k for k in range(1, len(ids) + 1) if any(
+            s in tok.decode(ids[:k], skip_special_tokens=True) for s in stop)), None)
+        first_tail = next((k for k in range(1, len(ids) + 1) if scanner.hit(ids[:k])), None)
+        assert first_tail == first_full
+        hits += first_full is not None
+    assert hits > 50  # many strings hold a stop string somewhere
+
+
+def test_sampling_draws_the_nucleus_distribution_at_the_temperature():
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 20, generator=gen) * 2
+    for temperature, top_p in [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)]:
+        sampling = Sampling(temperature, top_p)
+        kept = TopPLogitsWarper(top_p)(None, logits / temperature) > -float("inf")
+        expected = torch.softmax((logits / temperature).masked_fill(~kept, -float("inf")), -1)
+        draws = 100_000
+        uniforms = torch.rand(3 * draws, generator=gen, dtype=torch.float64)
+        tokens = pick_tokens(logits.repeat_interleave(draws, 0), sampling, uniforms)
+        for row in range(3):
+            counts = torch.bincount(tokens[row * draws:(row + 1) * draws], minlength=20)
+            observed = counts.double() / draws
+            assert (counts[~kept[row]] == 0).all()  # nothing outside the nucleus
+            # within 5 standard errors of the exact probability, token by token
+            se = (expected[row].double() * (1 - expected[row].double()) / draws).sqrt()
+            assert ((observed - expected[row]).abs() <= 5 * se + 1e-9).all()
+    assert pick_tokens(logits, Sampling(0.0), None).tolist() == logits.argmax(-1).tolist()
