@@ -64,33 +64,44 @@ def evaluate_column(column: str, task: TaskSource, examples: Sequence[Example],
                     generate: GenerateFn, *, batch_size: int, bootstrap_samples: int = 1000,
                     bootstrap_seed: int = 0, progress: AnyProgress | None = None,
                     description: str | None = None) -> CellResult:
-    """Generate a completion for every example in batches, grade each, and summarise the cell.
+    """Generate a completion for every example in batches (of prompts of similar length),
+    grade each, and summarise the cell.
 
     ``progress`` (what :func:`clbench.progress.run_progress` gives) gets one task advanced per
     batch. Grader exceptions are not swallowed: a grader that raises is a bug in the task source.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    records: list[ItemRecord] = []
+    graded: dict[int, ItemRecord] = {}
     bar = progress.add_task(description or f"eval {column}", total=len(examples)) \
         if progress is not None else None
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start:start + batch_size]
-        completions = generate([ex.messages for ex in batch])
+    # Longest prompts first, so a batch holds prompts of similar length (less padding to
+    # prefill, and the largest batch comes first); the records keep the items' order.
+    order = sorted(range(len(examples)), key=lambda i: -prompt_chars(examples[i].messages))
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        completions = generate([examples[i].messages for i in batch])
         if len(completions) != len(batch):
             raise RuntimeError(f"generator returned {len(completions)} completions for "
                                f"{len(batch)} prompts")
-        for ex, completion in zip(batch, completions):
+        for i, completion in zip(batch, completions):
+            ex = examples[i]
             grade = task.grade(ex, completion)
-            records.append(ItemRecord(ex.id, completion, float(grade.reward), bool(grade.correct),
-                                      grade.feedback))
+            graded[i] = ItemRecord(ex.id, completion, float(grade.reward), bool(grade.correct),
+                                   grade.feedback)
         if bar is not None:
             assert progress is not None
             progress.advance(bar, len(batch))
     if bar is not None:
         assert progress is not None
         progress.remove_task(bar)
+    records = [graded[i] for i in range(len(examples))]
     return summarise_cell(column, records, bootstrap_samples, bootstrap_seed)
+
+
+def prompt_chars(messages: Messages) -> int:
+    """A prompt's length in characters: within a column, a stand-in for its length in tokens."""
+    return sum(len(str(m.get("content", ""))) for m in messages)
 
 
 def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples: int = 1000,

@@ -40,9 +40,11 @@ class Calculator:
 
     def __init__(self) -> None:
         self.batches: list[int] = []
+        self.seen: list[list[str]] = []
 
     def __call__(self, prompts: Sequence[Messages]) -> list[str]:
         self.batches.append(len(prompts))
+        self.seen.append([p[-1]["content"] for p in prompts])
         out = []
         for p in prompts:
             i = int(p[-1]["content"].split(" + ")[0])
@@ -63,9 +65,20 @@ def test_evaluate_column_batches_grades_and_summarises() -> None:
     assert cell.score == pytest.approx(0.5)
     assert cell.mean_reward == pytest.approx((5 * 1.0 + 5 * 0.25) / 10)
     assert cell.interval is not None and cell.interval["low"] < 0.5 < cell.interval["high"]
-    assert [r.id for r in cell.records] == [f"eval-{i}" for i in range(10)]
+    assert [r.id for r in cell.records] == [f"eval-{i}" for i in range(10)]  # items' order
     assert cell.records[1] == ItemRecord("eval-1", "no idea", 0.25, False, "expected 2")
     assert cell.summary()["n"] == 10 and "records" not in cell.summary()
+
+
+def test_batches_hold_prompts_of_similar_length_longest_first() -> None:
+    task = EchoAddition()
+    examples = task.examples("eval", 0, 12)  # "0 + 1" .. "9 + 1", then "10 + 1", "11 + 1"
+    gen = Calculator()
+    cell = evaluate_column("add", task, examples, gen, batch_size=4, bootstrap_samples=100)
+    assert gen.seen == [["10 + 1", "11 + 1", "0 + 1", "1 + 1"],
+                        ["2 + 1", "3 + 1", "4 + 1", "5 + 1"], ["6 + 1", "7 + 1", "8 + 1", "9 + 1"]]
+    assert [r.id for r in cell.records] == [f"eval-{i}" for i in range(12)]
+    assert [r.correct for r in cell.records] == [i % 2 == 0 for i in range(12)]
 
 
 def test_generator_returning_wrong_count_is_an_error() -> None:
