@@ -136,19 +136,10 @@ def threads_per_child(device: str, parallel: int) -> int | None:
     """On the CPU, unless the user set OMP_NUM_THREADS, each of `parallel` children gets an
     equal share of the cores: N runs each using every core would oversubscribe them. None
     (leave the environment alone) on a GPU or when the user chose."""
+    from clbench.engine.cpu import run_threads
     from clbench.models import resolve_device
 
-    if "OMP_NUM_THREADS" in os.environ or resolve_device(device).type != "cpu":
-        return None
-    return max(1, available_cpus() // parallel)
-
-
-def available_cpus() -> int:
-    """Cores this process may run on (its affinity mask), else every core of the machine."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return run_threads(parallel) if resolve_device(device).type == "cpu" else None
 
 
 @dataclass

@@ -29,7 +29,8 @@ from clbench.protocol import RunInterrupted
 from clbench.results import read_results, write_results
 from clbench.suites import build_run_spec
 from clbench.sweep import sweep
-from clbench.sweep_children import ChildLauncher, available_cpus, threads_per_child
+from clbench.engine import cpu
+from clbench.sweep_children import ChildLauncher, threads_per_child
 
 SEEDS = (0, 1)
 
@@ -94,8 +95,8 @@ def test_child_command_carries_every_option_of_the_sweep(tmp_path: Path) -> None
 def test_cpu_threads_are_shared_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
     assert threads_per_child("cpu", 2) is None  # OMP_NUM_THREADS=1 is set (autouse fixture)
     monkeypatch.delenv("OMP_NUM_THREADS")
-    assert threads_per_child("cpu", 1) == available_cpus()
-    monkeypatch.setattr(sweep_children, "available_cpus", lambda: 16)
+    assert threads_per_child("cpu", 1) == cpu.available_cpus()
+    monkeypatch.setattr(cpu, "available_cpus", lambda: 16)
     assert [threads_per_child("cpu", n) for n in (1, 2, 3, 16, 40)] == [16, 8, 5, 1, 1]
 
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import nn
 
+from clbench.engine.cpu import use_cpu_share
 from clbench.errors import UserError
 
 if TYPE_CHECKING:
@@ -183,6 +184,8 @@ class Distributed:
         else:
             resolved = resolve_device(device)
         precision = resolve_precision(dtype, mixed_precision, resolved)
+        if resolved.type == "cpu":
+            use_cpu_share(int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
         accelerator = _new_accelerator(cpu=resolved.type == "cpu")
         if world > 1:
             resolved = accelerator.device
@@ -331,7 +334,10 @@ class Distributed:
 
     def describe(self) -> dict[str, Any]:
         """What results.json records under `model.resolved`."""
-        return {"precision": self.precision.label, "num_processes": self.num_processes}
+        described = {"precision": self.precision.label, "num_processes": self.num_processes}
+        if self.device.type == "cpu":
+            described["cpu_threads"] = torch.get_num_threads()
+        return described
 
 
 def _new_accelerator(cpu: bool) -> Accelerator:

@@ -1,0 +1,48 @@
+"""A CPU run's thread count: the cores it may use (affinity, cgroup quota), shared among the
+processes of its node, unless the user chose with OMP_NUM_THREADS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from clbench.engine import cpu
+from clbench.engine.distributed import Distributed
+
+
+@pytest.mark.parametrize(("content", "cores"), [
+    ("max 100000\n", None), ("200000 100000\n", 2), ("150000 100000\n", 2),
+    ("50000 100000\n", 1), ("garbage\n", None)])
+def test_a_cgroup_quota_is_read_in_whole_cores(tmp_path: Path, content: str,
+                                               cores: int | None) -> None:
+    (tmp_path / "cpu.max").write_text(content)
+    assert cpu.cgroup_cpu_quota(tmp_path / "cpu.max") == cores
+    assert cpu.cgroup_cpu_quota(tmp_path / "absent") is None
+
+
+def test_the_quota_caps_the_affinity_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu.os, "sched_getaffinity", lambda _pid: set(range(64)))
+    monkeypatch.setattr(cpu, "cgroup_cpu_quota", lambda: 2)
+    assert cpu.available_cpus() == 2
+    monkeypatch.setattr(cpu, "cgroup_cpu_quota", lambda: None)
+    assert cpu.available_cpus() == 64
+
+
+def test_a_cpu_run_takes_its_share_of_the_cores_unless_the_user_chose(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu, "available_cpus", lambda: 8)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu.run_threads() is None
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert [cpu.run_threads(n) for n in (1, 2, 3, 8, 20)] == [8, 4, 2, 1, 1]
+    saved = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(cpu, "available_cpus", lambda: 2)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two CPU processes launched on this node
+        dist = Distributed.create("cpu", "float32", mixed_precision=False)
+        assert torch.get_num_threads() == 1
+        assert dist.describe()["cpu_threads"] == 1
+    finally:
+        torch.set_num_threads(saved)
