@@ -84,6 +84,7 @@ from clbench.stages import keep_trained_stage, train_stage, trained_report
 from clbench.tasks.base import TaskSizeError
 
 if TYPE_CHECKING:
+    from clbench.estimate import RunEstimate
     from clbench.engine.api import Method
     from clbench.engine.distributed import Distributed
     from clbench.tasks.base import Example, TaskSource
@@ -209,6 +210,20 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
             if handler is None:  # stopped before it held anything: leave no trace
                 release_unused_run_dir(run_dir, created)
             lock.close()
+
+
+def estimate(run: RunSpec, on_step: Any = None) -> tuple[RunEstimate, dict[str, Any]]:
+    """The run's estimate on this machine (:mod:`clbench.estimate`: a short calibration with
+    its model, device, precision and method) and how its device resolved. Writes nothing."""
+    from clbench.estimate import Calibration, estimate_run
+
+    method = registry.build_method(run.method)
+    dist = make_distributed(run)
+    items = _draw_items(run)
+    model, tokenizer = _load_model(run, dist)
+    cal = Calibration(run, dist, model, tokenizer, method, on_step or (lambda what: None))
+    resolved = {"device": str(dist.device), **dist.describe()}
+    return estimate_run(cal, items.plans, items.stage_tasks), resolved
 
 
 def check_lm_eval_probes(run: RunSpec) -> None:

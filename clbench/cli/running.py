@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -54,10 +55,14 @@ from clbench.seeding import MAX_SEED
                    "scores for other runs' intransigence  [default out: "
                    "runs/<suite>/<method>-joint/s<seed>]")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
+@click.option("--estimate", is_flag=True,
+              help="With --plan: also estimate the run's wall time and disk on this machine, "
+                   "from a short calibration (one evaluation batch per column and one "
+                   "training step per stage, on a copy of the model; nothing is written).")
 def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
                 sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
                 no_base_cache: bool, checkpoint_minutes: float, joint: bool,
-                plan_only: bool) -> None:
+                plan_only: bool, estimate: bool) -> None:
     """Benchmark a method on a suite: train stage by stage and fill the accuracy matrix.
 
     \b
@@ -66,6 +71,7 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
       clbench run --suite starter --method sdpo --seed 0 --set method.lr=2e-5 \\
           --set stages[0].budget.steps=4 --out runs/starter-lr2e-5/sdpo/s0
       clbench run --suite starter --method sdpo --seed 0 --joint
+      clbench run --suite starter --method sdpo --plan --estimate
     """
     from clbench import registry
     from clbench.reporting import print_plan
@@ -78,12 +84,31 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
                          checkpoint_minutes=checkpoint_minutes, joint=joint)
     config = registry.validate_method_params(run.method.name, run.method.params, where="method")
     console = stdout_console()
+    if estimate and not plan_only:
+        raise UserError("--estimate goes with --plan: clbench run --plan --estimate ...")
     print_plan(console, run, config.model_dump(mode="json"))
+    if estimate:
+        _print_estimate(run, console)
     if plan_only:
         return
     # Imported here so that listing, validating and planning stay quick (no torch import).
     protocol = importlib.import_module("clbench.protocol")
     protocol.execute(run, resume=resume, console=console)
+
+
+def _print_estimate(run: Any, console: Console) -> None:
+    """Calibrate on this machine (with a status line saying what is being measured) and print
+    the run's estimate."""
+    import time
+
+    from clbench.reporting import print_estimate
+
+    protocol = importlib.import_module("clbench.protocol")
+    started = time.monotonic()
+    with console.status("calibrating on this machine: loading the model") as status:
+        estimate, resolved = protocol.estimate(
+            run, on_step=lambda what: status.update(f"calibrating on this machine: {what}"))
+    print_estimate(console, estimate, resolved, time.monotonic() - started)
 
 
 @cli.command("sweep")

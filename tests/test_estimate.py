@@ -1,0 +1,64 @@
+"""`clbench run --plan --estimate`: the projection from measured costs, the calibration batch,
+and the command on the smoke suite (nothing written)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clbench.cli import cli
+from clbench.estimate import ColumnCost, RunEstimate, StageCost, spread_batch, state_bytes
+from clbench.tasks.base import Example
+
+
+def test_a_run_costs_every_row_its_columns_batches_and_every_stage_its_steps() -> None:
+    estimate = RunEstimate(
+        rows=4, columns=(ColumnCost("math", 100, 16, 2.0), ColumnCost("tool", 32, 16, 10.0)),
+        stages=(StageCost("math", 16, 3.0), StageCost("tool", 8, 12.5)),
+        checkpoint_bytes=1_000, not_estimated=("general",))
+    # math: ceil(100 / 16) = 7 batches x 2 s; tool: 2 x 10 s; 4 rows
+    assert estimate.eval_seconds == pytest.approx(4 * (14.0 + 20.0))
+    assert estimate.train_seconds == pytest.approx(16 * 3.0 + 8 * 12.5)
+    assert estimate.seconds == pytest.approx(136.0 + 148.0)
+    assert estimate.disk_bytes == 3_000  # the last stage's, the latest step's and its successor
+
+
+def test_the_calibration_batch_spreads_over_the_columns_lengths() -> None:
+    items = [Example(str(i), [{"role": "user", "content": "x" * i}], "", None)
+             for i in range(100)]
+    batch = spread_batch(items, 4, lambda ex: len(ex.messages[0]["content"]))
+    assert [ex.id for ex in batch] == ["87", "62", "37", "12"]
+    assert spread_batch(items[:3], 4, lambda ex: int(ex.id)) == [items[2], items[1], items[0]]
+
+
+def test_state_bytes_counts_every_tensor_of_a_nested_state() -> None:
+    import torch
+
+    state = {"optimizer": {"state": {0: {"exp_avg": torch.zeros(3, 4),
+                                         "exp_avg_sq": torch.zeros(3, 4), "step": 5}}},
+             "teacher": [torch.zeros(10, dtype=torch.bfloat16)], "note": "x"}
+    assert state_bytes(state) == 2 * 12 * 4 + 10 * 2
+
+
+def test_plan_estimate_calibrates_on_the_smoke_suite_and_writes_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "grpo", "--out",
+                                      str(out), "--plan", "--estimate"],
+                                env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    text = result.output
+    assert "estimate on this machine cpu, " in text
+    rows = {line.split()[1]: line.split() for line in text.splitlines()
+            if line.strip().startswith(("eval ", "train "))}
+    assert rows["math_ood"][2:6] == ["3", "rows", "x", "1"]  # 8 items, batches of 8
+    assert rows["science"][2:5] == ["2", "steps", "x"]
+    assert "total" in text and "disk checkpoints at most" in text and "MiB" in text
+    assert not out.exists()
+
+
+def test_estimate_goes_with_plan() -> None:
+    result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft",
+                                      "--estimate"])
+    assert result.exit_code == 2 and "--estimate goes with --plan" in result.output
