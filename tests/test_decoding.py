@@ -38,16 +38,6 @@ def _plain_generate(model, tok, prompt_ids: list[list[int]], eos: list[int], n_n
     return rows
 
 
-def _token_pairs(rollouts) -> list[list[int]]:
-    tokens = sorted({t for r in rollouts for t in r.completion_ids})
-    return [[a, b] for i, a in enumerate(tokens) for b in tokens[i + 1:]]
-
-
-def _lengths(rollouts, ends) -> list[int]:
-    return [next((k + 1 for k, t in enumerate(r.completion_ids) if t in ends),
-                 len(r.completion_ids)) for r in rollouts]
-
-
 def _varied_tiny():
     """The tiny model with larger random weights: a freshly initialised one repeats a single
     token greedily, and rows must differ to end at different steps."""
@@ -65,8 +55,9 @@ def test_greedy_tokens_are_model_generates_while_ended_rows_leave_the_batch():
     free = HFGenerator(model, tok, batch_size=6).generate(
         PROMPTS, SamplingParams(n=1, temperature=0.0, max_new_tokens=24))
     # Two tokens the rows emit become end tokens, chosen so that rows end at several steps.
-    ends = max(_token_pairs(free), key=lambda pair: len(set(_lengths(free, pair))))
-    assert len(set(_lengths(free, ends))) >= 3
+    free_ids = [r.completion_ids for r in free]
+    ends = max(_token_pairs_of(free_ids), key=lambda pair: len(set(_lengths_of(free_ids, pair))))
+    assert len(set(_lengths_of(free_ids, ends))) >= 3
     batch_sizes: list[int] = []
     hook = model.register_forward_pre_hook(
         lambda _m, _a, kw: batch_sizes.append(kw["input_ids"].shape[0]), with_kwargs=True)
@@ -123,3 +114,38 @@ def test_sampling_draws_the_nucleus_distribution_at_the_temperature():
             se = (expected[row].double() * (1 - expected[row].double()) / draws).sqrt()
             assert ((observed - expected[row]).abs() <= 5 * se + 1e-9).all()
     assert pick_tokens(logits, Sampling(0.0), None).tolist() == logits.argmax(-1).tolist()
+
+
+@pytest.mark.parametrize("capacity", [3, 64])  # 3: the buffers grow past the prompt
+def test_a_preallocated_cache_decodes_what_a_dynamic_cache_decodes(capacity: int) -> None:
+    from clbench.engine.decoding import RowPlan, attention_cache, decode
+
+    model, tok = _varied_tiny()
+    prompt_ids = [encode_chat(tok, p) for p in PROMPTS]
+    width = max(map(len, prompt_ids))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    free = decode(model, ids, mask, RowPlan(range(6), [20] * 6, frozenset()), Sampling(0.0),
+                  attention_cache(model))
+    ends = frozenset(max(_token_pairs_of(free), key=lambda p: len(set(_lengths_of(free, p)))))
+    # rows of two prompts x 3 samples: shared prefill (rows copied), rows dropped as they end
+    rows = [0, 0, 0, 3, 3, 3]
+    torch.manual_seed(0)
+    dynamic = decode(model, ids[rows], mask[rows], RowPlan(rows, [20] * 6, ends),
+                     Sampling(1.0, 0.9), attention_cache(model))
+    cache = attention_cache(model, capacity=capacity)
+    assert {type(layer).__name__ for layer in cache.layers} == {"PreallocatedLayer"}
+    torch.manual_seed(0)
+    assert decode(model, ids[rows], mask[rows], RowPlan(rows, [20] * 6, ends),
+                  Sampling(1.0, 0.9), cache) == dynamic
+    assert len({len(r) for r in dynamic}) > 1 and len({tuple(r) for r in dynamic}) > 2
+    assert cache.get_seq_length() <= width + 20
+
+
+def _token_pairs_of(rows: list[list[int]]) -> list[list[int]]:
+    tokens = sorted({t for r in rows for t in r})
+    return [[a, b] for i, a in enumerate(tokens) for b in tokens[i + 1:]]
+
+
+def _lengths_of(rows: list[list[int]], ends: list[int]) -> list[int]:
+    return [next((k + 1 for k, t in enumerate(r) if t in ends), len(r)) for r in rows]

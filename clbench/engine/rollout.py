@@ -129,10 +129,16 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[
     a final assistant turn the model continues, written after the header as it is, the way
     reasoning models' templates open their `<think>` block; independent of how a template or a
     transformers version would close or strip such a turn)."""
-    head, start = split_response_start(messages)
-    text = tokenizer.apply_chat_template(head, add_generation_prompt=True, tokenize=False)
     # The template already writes any BOS it wants; adding special tokens again would double it.
-    return list(tokenizer(text + start, add_special_tokens=False)["input_ids"])
+    return list(tokenizer(chat_prompt_text(tokenizer, messages),
+                          add_special_tokens=False)["input_ids"])
+
+
+def chat_prompt_text(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> str:
+    """The text :func:`encode_chat` encodes: the chat template with the generation header,
+    then the start of the response when the chat holds one."""
+    head, start = split_response_start(messages)
+    return tokenizer.apply_chat_template(head, add_generation_prompt=True, tokenize=False) + start
 
 
 class Generator(ABC):
@@ -236,7 +242,7 @@ class HFGenerator(Generator):
         device = self.model.device
         input_ids, attention = input_ids.to(device), attention.to(device)
         stops = decoding.StopScanner(self.tokenizer, params.stop) if params.stop else None
-        cache = decoding.attention_cache(self.model)
+        cache = decoding.attention_cache(self.model, capacity=width + max(row_caps))
         with torch.no_grad():
             if cache is not None:
                 plan = decoding.RowPlan(row_prompts, row_caps, frozenset(eos_ids), stops)
