@@ -35,13 +35,16 @@ PHASES = ("generate", "grade", "score", "backward", "step")
 
 
 def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "cpu",
-            mixed_precision: bool = True) -> dict:
-    """Train `steps` steps of one method; per-step seconds and summed phase times."""
+            mixed_precision: bool = True, params: dict | None = None,
+            max_new_tokens: int = 48) -> dict:
+    """Train `steps` steps of one method (its config overridden by `params`); per-step seconds
+    and losses, and summed phase times."""
     dist = Distributed.create(device, dtype, mixed_precision)
     model, tokenizer = dist.load_model("smollm2-135m")
     task = build_task(TASK)
-    method = build_method(MethodSpec(name=method_name))
-    budget = Budget(steps=steps, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=48)
+    method = build_method(MethodSpec(name=method_name, params=params or {}))
+    budget = Budget(steps=steps, prompts_per_step=4, samples_per_prompt=4,
+                    max_new_tokens=max_new_tokens)
     with tempfile.TemporaryDirectory() as work:
         ctx = StageContext(model=model, tokenizer=tokenizer, task=task,
                            train_examples=task.examples("train", TASK.seed, TASK.train_size),
@@ -55,6 +58,7 @@ def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "
     return {"method": method_name, "dtype": dist.precision.label,
             "device": str(model.device),
             "seconds_per_step": statistics.mean(timed), "per_step": per_step,
+            "losses": [r.get("loss") for r in report.steps],
             "total_seconds": total, "wall_time": report.wall_time,
             "generated_tokens_per_step": report.counters.get("generated_tokens", 0) / steps,
             "teacher_tokens_per_step": report.counters.get("teacher_tokens", 0) / steps}

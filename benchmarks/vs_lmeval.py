@@ -1,0 +1,172 @@
+"""Evaluation speed against lm-eval's HF backend, alternating in one process.
+
+The same model object, the same items (each column's first `--n` evaluation items of the suite,
+as chat prompts), the same greedy decoding (the suite's `max_new_tokens`, EOS ends an item), the
+same batch size, the same precision: clbench's evaluation (`clbench.evaluation.make_generate_fn`,
+batches of prompts of similar length as a run makes them) against `lm_eval.models.huggingface.HFLM
+.generate_until` (which sorts its requests by length itself). Under mixed precision both compute
+in bf16 over the fp32 weights: lm-eval through its `mixed_precision_dtype` autocast (whose cast
+cache lasts a `generate` call, as clbench's does).
+
+    python benchmarks/vs_lmeval.py starter --columns math,science,tool_use --n 48 --repeats 2
+
+Prints items per second for each (median [min-max] of the repeats), the ratio, and how many
+completions are identical. lm-eval receives each prompt as the text clbench's tokenizer call
+encodes (chat template applied, generation header included); the script checks that lm-eval
+encodes it to the same token ids.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
+    ap.add_argument("--columns", default="math,science,tool_use",
+                    help="comma-separated task columns (default math,science,tool_use)")
+    ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs of each (default 2)")
+    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from clbench.engine.distributed import Distributed
+    from clbench.suites import load_suite
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    suite = load_suite(args.suite)
+    dist = Distributed.create(args.device, suite.model.dtype, suite.model.mixed_precision)
+    model, tokenizer = dist.load_model(suite.model)
+    decoding = suite.protocol.decoding
+    if decoding.temperature != 0:
+        print("the suite's evaluation is sampled; lm-eval is compared on greedy decoding",
+              file=sys.stderr)
+        return 1
+    ours, theirs = clbench_eval(model, tokenizer, decoding, dist), lmeval_eval(
+        model, tokenizer, decoding, dist)
+    print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
+          f"{torch.get_num_threads()} threads, batch {decoding.batch_size}, greedy, "
+          f"{decoding.max_new_tokens} new tokens at most; median [min-max] of {args.repeats}")
+    print("| column | clbench (items/s) | lm-eval HF (items/s) | ratio | identical |")
+    print("|---|---:|---:|---:|---|")
+    for column, prompts in columns(suite, args):
+        check_same_ids(tokenizer, prompts, theirs.lm, ours.texts(prompts))
+        rates: dict[str, list[float]] = {"clbench": [], "lm-eval": []}
+        outputs: dict[str, list[str]] = {}
+        for _ in range(args.repeats):
+            for name, way in (("clbench", ours), ("lm-eval", theirs)):
+                started = time.perf_counter()
+                outputs[name] = way(prompts)
+                rates[name].append(len(prompts) / (time.perf_counter() - started))
+        same = sum(a == b for a, b in zip(outputs["clbench"], outputs["lm-eval"]))
+        ratio = statistics.median(rates["clbench"]) / statistics.median(rates["lm-eval"])
+        print(f"| {column} ({len(prompts)} items) | {cell(rates['clbench'])} | "
+              f"{cell(rates['lm-eval'])} | {ratio:.2f}x | {same}/{len(prompts)} |", flush=True)
+    return 0
+
+
+def columns(suite: Any, args: argparse.Namespace) -> list[tuple[str, list[Any]]]:
+    from clbench.registry import build_task
+
+    specs = {s.name: s.task for s in suite.stages} | {p.name: p.task for p in suite.probes
+                                                      if p.task is not None}
+    out = []
+    for column in args.columns.split(","):
+        if column not in specs:
+            raise SystemExit(f"no task column {column!r} in {suite.name}: {sorted(specs)}")
+        spec = specs[column]
+        out.append((column, [ex.messages for ex in build_task(spec).examples(
+            "eval", spec.seed, args.n)]))
+    return out
+
+
+class ClbenchEval:
+    """A column's prompts through clbench's evaluation: batches of similar length, the
+    suite's decoding, under the run's autocast."""
+
+    def __init__(self, model: Any, tokenizer: Any, decoding: Any, dist: Any) -> None:
+        from clbench.evaluation import make_generate_fn
+
+        self.tokenizer, self.decoding, self.dist = tokenizer, decoding, dist
+        self.generate = make_generate_fn(model, tokenizer, decoding)
+
+    def texts(self, prompts: list[Any]) -> list[str]:
+        """Each prompt as the text clbench encodes."""
+        from clbench.engine.rollout import chat_prompt_text
+
+        return [chat_prompt_text(self.tokenizer, p) for p in prompts]
+
+    def __call__(self, prompts: list[Any]) -> list[str]:
+        from clbench.evaluation import prompt_chars
+
+        order = sorted(range(len(prompts)), key=lambda i: -prompt_chars(prompts[i]))
+        out: dict[int, str] = {}
+        with self.dist.autocast():
+            for start in range(0, len(order), self.decoding.batch_size):
+                batch = order[start:start + self.decoding.batch_size]
+                for i, text in zip(batch, self.generate([prompts[i] for i in batch])):
+                    out[i] = text
+        return [out[i] for i in range(len(prompts))]
+
+
+class LmEvalEval:
+    """The same prompts through lm-eval's `HFLM.generate_until`."""
+
+    def __init__(self, model: Any, tokenizer: Any, decoding: Any, dist: Any,
+                 texts: Any) -> None:
+        from lm_eval.models.huggingface import HFLM
+
+        mixed = dist.precision.mixed
+        self.lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=decoding.batch_size,
+                       device=str(dist.device), max_gen_toks=decoding.max_new_tokens,
+                       mixed_precision_dtype=dist.precision.compute if mixed else None)
+        self.decoding, self.texts = decoding, texts
+
+    def __call__(self, prompts: list[Any]) -> list[str]:
+        from lm_eval.api.instance import Instance
+
+        kwargs = {"until": [], "max_gen_toks": self.decoding.max_new_tokens,
+                  "do_sample": False, "temperature": 0.0}
+        requests = [Instance("generate_until", {}, (text, dict(kwargs)), i)
+                    for i, text in enumerate(self.texts(prompts))]
+        return self.lm.generate_until(requests, disable_tqdm=True)
+
+
+def clbench_eval(model: Any, tokenizer: Any, decoding: Any, dist: Any) -> ClbenchEval:
+    return ClbenchEval(model, tokenizer, decoding, dist)
+
+
+def lmeval_eval(model: Any, tokenizer: Any, decoding: Any, dist: Any) -> LmEvalEval:
+    return LmEvalEval(model, tokenizer, decoding, dist,
+                      ClbenchEval(model, tokenizer, decoding, dist).texts)
+
+
+def check_same_ids(tokenizer: Any, prompts: list[Any], lm: Any, texts: list[str]) -> None:
+    """lm-eval must see the prompts clbench sees: the same token ids after its own encoding."""
+    from clbench.engine.rollout import encode_chat
+
+    for prompt, text in zip(prompts, texts):
+        if lm.tok_encode(text) != encode_chat(tokenizer, prompt):
+            raise SystemExit("lm-eval encodes a prompt to other token ids than clbench; the "
+                             "comparison would not be on the same inputs")
+
+
+def cell(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
