@@ -223,7 +223,7 @@ def estimate(run: RunSpec, on_step: Any = None) -> tuple[RunEstimate, dict[str, 
     model, tokenizer = _load_model(run, dist)
     cal = Calibration(run, dist, model, tokenizer, method, on_step or (lambda what: None))
     resolved = {"device": str(dist.device), **dist.describe()}
-    return estimate_run(cal, items.plans, items.stage_tasks), resolved
+    return estimate_run(cal, items.plans, items.stage_tasks, items.train_sets), resolved  # type: ignore[arg-type]
 
 
 def check_lm_eval_probes(run: RunSpec) -> None:
@@ -288,6 +288,7 @@ def make_distributed(run: RunSpec) -> Distributed:
     from clbench.engine.optim import rank_share
 
     dist = Distributed.create(run.device, run.model.dtype, run.model.mixed_precision)
+    dist.take_cpu_share()
     for spec in run.training_stages():  # before anything trains, not when the stage comes
         rank_share(range(spec.budget.prompts_per_step), 0, dist.num_processes, spec.name)
     return dist

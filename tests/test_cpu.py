@@ -42,6 +42,9 @@ def test_a_cpu_run_takes_its_share_of_the_cores_unless_the_user_chose(
         monkeypatch.setattr(cpu, "available_cpus", lambda: 2)
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two CPU processes launched on this node
         dist = Distributed.create("cpu", "float32", mixed_precision=False)
+        torch.set_num_threads(2)  # creating the accelerator leaves a script's choice alone
+        assert torch.get_num_threads() == 2
+        dist.take_cpu_share()  # a run takes its share
         assert torch.get_num_threads() == 1
         assert dist.describe()["cpu_threads"] == 1
     finally:

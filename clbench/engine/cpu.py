@@ -3,9 +3,9 @@
 torch sizes its thread pool from the machine's cores, not from what this process may use: in a
 container limited to 2 CPUs of a 64-core host it starts 64 threads, and N runs (a sweep, or the
 N processes of a CPU launch) that each take every core slow each other down several times. A run
-on the CPU therefore uses its share: the cores in its affinity mask, capped by a cgroup CPU
-quota, divided among the processes of its node. `OMP_NUM_THREADS` (a sweep sets it for each of
-its children) is the user's choice and wins.
+on the CPU therefore uses its share (`Distributed.take_cpu_share`): the cores in its affinity
+mask, capped by a cgroup CPU quota, divided among the processes of its node. `OMP_NUM_THREADS`
+(a sweep sets it for each of its children) is the user's choice and wins.
 """
 
 from __future__ import annotations

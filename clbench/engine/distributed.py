@@ -184,8 +184,6 @@ class Distributed:
         else:
             resolved = resolve_device(device)
         precision = resolve_precision(dtype, mixed_precision, resolved)
-        if resolved.type == "cpu":
-            use_cpu_share(int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
         accelerator = _new_accelerator(cpu=resolved.type == "cpu")
         if world > 1:
             resolved = accelerator.device
@@ -194,6 +192,13 @@ class Distributed:
             elif resolved.type == "cuda":
                 torch.cuda.set_device(resolved)
         return cls(accelerator, resolved, precision)
+
+    def take_cpu_share(self) -> None:
+        """On the CPU, torch's thread count from the cores this process may use, shared with
+        the other processes of its node (:mod:`clbench.engine.cpu`; OMP_NUM_THREADS wins). A
+        run calls it; a script that sets its own thread count does not."""
+        if self.device.type == "cpu":
+            use_cpu_share(int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
 
     def load_model(self, spec: Any, seed: int = 0) -> tuple[Any, Any]:
         """`(model, tokenizer)` of a model spec on this process's device, its weights in this
