@@ -2,22 +2,23 @@
 prints.
 
 Priced by a short calibration with the run's own model, device, precision and method: one
-evaluation batch of each task column (items spread over the column's prompt lengths) and one
-training step of each stage (the method's own step, on a copy of the model, from the stage's
-first items). A run then costs, for every row, each column's batches at its batch's time, and
-for every stage its steps at its step's time. Left out, and said so: lm-eval probes, checkpoint
-writes, and one-time work of a stage beyond its first step (which the calibration step
-includes, so training errs high by one setup per stage).
+evaluation batch of each task column (the items around its median prompt length, batched as a
+run batches them) and two training steps of each stage (the
+method's own steps, on a copy of the model, from the stage's first items; the second is timed,
+the first also pays the stage's setup). A run then costs, for every row, each column's items at
+its batch's rate, and for every stage its steps at its step's time. Left out, and said so:
+lm-eval probes, checkpoint writes, model loading, and a stage's one-time setup.
 
-Disk: a run keeps one checkpoint of the last trained stage and one of the stage in progress,
-and writes a new one before it drops the old: at most three checkpoints (the student's weights
-and the method's state: optimizer moments, a teacher's copy) at once.
+Disk: a run keeps the checkpoint of the last trained stage (the student's weights and the
+method's state, e.g. a teacher) and one of the stage in progress (the same and the method's
+progress: optimizer moments, schedule), and writes a new one of those before it drops the old:
+at most one stage checkpoint and two step checkpoints at once, sized from what the calibration
+steps hand to the run's checkpointing.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
     from clbench.specs import RunSpec
     from clbench.tasks.base import Example, TaskSource
 
-#: Checkpoints on disk at once at most: the last trained stage's, the latest of the stage in
-#: progress, and its successor being written.
-CHECKPOINTS_AT_ONCE = 3
-
 
 @dataclass(frozen=True)
 class ColumnCost:
@@ -48,8 +45,9 @@ class ColumnCost:
 
     @property
     def seconds(self) -> float:
-        """One row's evaluation of the column."""
-        return math.ceil(self.items / self.batch_size) * self.batch_seconds
+        """One row's evaluation of the column: its items at the measured batch's rate (the
+        last, partial batch costs its share: its rows decode as the others' do)."""
+        return self.items / self.batch_size * self.batch_seconds
 
 
 @dataclass(frozen=True)
@@ -73,7 +71,8 @@ class RunEstimate:
     rows: int
     columns: tuple[ColumnCost, ...]
     stages: tuple[StageCost, ...]
-    checkpoint_bytes: int
+    stage_checkpoint_bytes: int  # weights and the method's state
+    step_checkpoint_bytes: int  # the same and the method's progress in the stage
     not_estimated: tuple[str, ...] = ()  # columns left out (lm-eval probes)
 
     @property
@@ -90,19 +89,17 @@ class RunEstimate:
 
     @property
     def disk_bytes(self) -> int:
-        return CHECKPOINTS_AT_ONCE * self.checkpoint_bytes
+        """The last stage's checkpoint, the latest step's and its successor being written."""
+        return self.stage_checkpoint_bytes + 2 * self.step_checkpoint_bytes
 
 
-def spread_batch(examples: Sequence[Example], batch_size: int,
+def middle_batch(examples: Sequence[Example], batch_size: int,
                  length: Callable[[Example], int]) -> list[Example]:
-    """`batch_size` items spread evenly over the column's prompt lengths (the k-th of every
-    len/batch_size in length order): a batch as long as the column's average batch, as
-    evaluation batches prompts of similar length."""
+    """The `batch_size` items around the median prompt length: a batch as a run makes them
+    (it batches prompts of similar length), of the column's typical length."""
     ordered = sorted(examples, key=length, reverse=True)
-    if len(ordered) <= batch_size:
-        return ordered
-    stride = len(ordered) / batch_size
-    return [ordered[int(k * stride + stride / 2)] for k in range(batch_size)]
+    start = max(0, min(len(ordered) - batch_size, (len(ordered) - batch_size) // 2))
+    return ordered[start:start + batch_size]
 
 
 def state_bytes(state: Any) -> int:
@@ -132,16 +129,21 @@ class Calibration:
 
 
 def estimate_run(cal: Calibration, plans: Sequence[ColumnPlan],
-                 stage_tasks: Sequence[TaskSource]) -> RunEstimate:
-    """Measure a batch of every task column and a step of every stage; the run's estimate."""
+                 stage_tasks: Sequence[TaskSource],
+                 train_sets: Sequence[Sequence[Example]]) -> RunEstimate:
+    """Measure a batch of every task column and two steps of every stage (from its training
+    items, as the run draws them); the run's estimate."""
     columns = tuple(_column_cost(cal, plan) for plan in plans if plan.task is not None)
-    stages, checkpoint = [], _weights_bytes(cal.model)
-    for index, (spec, task) in enumerate(zip(cal.run.training_stages(), stage_tasks), start=1):
-        cost, method_state = _stage_cost(cal, index, spec, task)
+    weights = _weights_bytes(cal.model)
+    stages, method_state, progress = [], 0, 0
+    for index, (spec, task, items) in enumerate(
+            zip(cal.run.training_stages(), stage_tasks, train_sets), start=1):
+        cost, sizes = _stage_cost(cal, index, spec, task, items)
         stages.append(cost)
-        checkpoint = max(checkpoint, _weights_bytes(cal.model) + method_state)
+        method_state, progress = max(method_state, sizes[0]), max(progress, sizes[1])
     return RunEstimate(rows=1 + len(stages), columns=columns, stages=tuple(stages),
-                       checkpoint_bytes=checkpoint,
+                       stage_checkpoint_bytes=weights + method_state,
+                       step_checkpoint_bytes=weights + method_state + progress,
                        not_estimated=tuple(p.name for p in plans if p.task is None))
 
 
@@ -151,7 +153,7 @@ def _column_cost(cal: Calibration, plan: ColumnPlan) -> ColumnCost:
 
     assert plan.task is not None
     decoding = cal.run.suite.protocol.decoding
-    batch = spread_batch(plan.examples, decoding.batch_size,
+    batch = middle_batch(plan.examples, decoding.batch_size,
                          lambda ex: len(encode_chat(cal.tokenizer, ex.messages)))
     cal.on_step(f"evaluation batch of {plan.name}")
     generate = make_generate_fn(cal.model, cal.tokenizer, decoding)
@@ -163,29 +165,33 @@ def _column_cost(cal: Calibration, plan: ColumnPlan) -> ColumnCost:
                       time.perf_counter() - started)
 
 
-def _stage_cost(cal: Calibration, index: int, spec: Any, task: TaskSource
-                ) -> tuple[StageCost, int]:
-    """One step of the stage by the method, on a copy of the model: its seconds and the size
-    of the method's state after it (what a checkpoint holds besides the weights)."""
+def _stage_cost(cal: Calibration, index: int, spec: Any, task: TaskSource,
+                items: Sequence[Example]) -> tuple[StageCost, tuple[int, int]]:
+    """Two steps of the stage by the method, on a copy of the model: the second's seconds, and
+    the sizes of the method's state and of the progress it hands to a step checkpoint."""
     from clbench.engine.api import StageContext
 
-    budget = spec.budget.model_copy(update={"steps": 1})
-    examples = task.examples("train", spec.task.seed,
-                             min(spec.task.train_size, budget.prompts_per_step))
-    cal.on_step(f"training step of {spec.name}")
+    budget = spec.budget.model_copy(update={"steps": 2})
+    examples = list(items[:2 * budget.prompts_per_step])
+    cal.on_step(f"training steps of {spec.name}")
     student = copy.deepcopy(cal.model)
     method = copy.deepcopy(cal.method)
+    progress: list[int] = []
+
+    def measure_progress(step: int, state: Callable[[], Any], counts: Any = None) -> None:
+        progress.append(state_bytes(state()))
+
     with tempfile.TemporaryDirectory(prefix="clbench-plan-") as work:
         ctx = StageContext(model=student, tokenizer=cal.tokenizer, task=task,
                            train_examples=examples, budget=budget, stage_index=index,
                            stage_name=spec.name, seed=cal.run.seed, device=cal.dist.device,
-                           work_dir=Path(work), dist=cal.dist)
-        started = time.perf_counter()
-        method.train_stage(ctx)
-        seconds = time.perf_counter() - started
-    state = state_bytes(method.state_dict())
+                           work_dir=Path(work), dist=cal.dist, save_progress=measure_progress)
+        report = method.train_stage(ctx)
+    # the second step: the first also pays the stage's setup (a teacher's copy, the optimizer)
+    seconds = float(report.steps[-1]["seconds"])
+    sizes = (state_bytes(method.state_dict()), max(progress, default=0))
     del student, method
-    return StageCost(spec.name, spec.budget.steps, seconds), state
+    return StageCost(spec.name, spec.budget.steps, seconds), sizes
 
 
 def _weights_bytes(model: Any) -> int:

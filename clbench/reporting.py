@@ -22,7 +22,6 @@ from clbench.comparison import (comparison, comparison_groups, comparison_tables
                                 cost_comparison, cost_tables, format_gib, metric_order,
                                 print_comparison, settings_line)
 from clbench.errors import UserError
-from clbench.estimate import CHECKPOINTS_AT_ONCE
 from clbench.joint import add_intransigence
 from clbench.progress import clock_time
 from clbench.results import RESULTS_FILENAME, RunResult, peak_memory_kind, read_results
@@ -324,23 +323,23 @@ def print_estimate(console: Console, estimate: Any, resolved: dict[str, Any],
                   f"{escape(resolved['precision'])}{threads} (calibrated in "
                   f"{clock_time(calibration_seconds)})", soft_wrap=True)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True,
-                  caption="evaluation: each row evaluates every column, batches at the measured "
-                          "seconds of one; training: steps at the measured seconds of one",
+                  caption="evaluation: each row evaluates every column's items at the measured "
+                          "seconds of a batch; training: steps at the measured seconds of one",
                   caption_justify="left")
     for col, justify in (("part", "left"), ("work", "left"), ("time", "right")):
         table.add_column(col, no_wrap=True, justify=justify)  # type: ignore[arg-type]
     for c in estimate.columns:
-        batches = -(-c.items // c.batch_size)
-        table.add_row(f"eval {escape(c.name)}", f"{estimate.rows} rows x {batches} batches x "
-                      f"{c.batch_seconds:.1f} s", clock_time(estimate.rows * c.seconds))
+        table.add_row(f"eval {escape(c.name)}", f"{estimate.rows} rows x {c.items} items, "
+                      f"{c.batch_seconds:.1f} s per {c.batch_size}",
+                      clock_time(estimate.rows * c.seconds))
     for s in estimate.stages:
         table.add_row(f"train {escape(s.name)}", f"{s.steps} steps x {s.step_seconds:.1f} s",
                       clock_time(s.seconds))
     table.add_row("[bold]total[/]", "", f"[bold]{clock_time(estimate.seconds)}[/]")
     print_uncut(console, table)
-    console.print(f"[bold]disk[/] checkpoints at most {_size(estimate.disk_bytes)} "
-                  f"({CHECKPOINTS_AT_ONCE} x {_size(estimate.checkpoint_bytes)}: the student's "
-                  "weights and the method's state)", soft_wrap=True)
+    console.print(f"[bold]disk[/] checkpoints at most {_size(estimate.disk_bytes)} (the last "
+                  f"stage's, {_size(estimate.stage_checkpoint_bytes)}, and two of the stage in "
+                  f"progress, {_size(estimate.step_checkpoint_bytes)} each)", soft_wrap=True)
     if estimate.not_estimated:
         console.print("[bold]not estimated[/] lm-eval probes: "
                       + ", ".join(escape(n) for n in estimate.not_estimated), soft_wrap=True)

@@ -57,8 +57,8 @@ from clbench.seeding import MAX_SEED
 @click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
 @click.option("--estimate", is_flag=True,
               help="With --plan: also estimate the run's wall time and disk on this machine, "
-                   "from a short calibration (one evaluation batch per column and one "
-                   "training step per stage, on a copy of the model; nothing is written).")
+                   "from a short calibration (one evaluation batch per column and two "
+                   "training steps per stage, on a copy of the model; nothing is written).")
 def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
                 sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
                 no_base_cache: bool, checkpoint_minutes: float, joint: bool,
