@@ -125,7 +125,7 @@ def compare_loop(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
         decoding.attention_cache = cache
 
     def model_generate() -> None:
-        decoding.attention_cache = lambda _model: None  # the generator falls back to generate
+        decoding.attention_cache = lambda _model, **_: None  # the generator falls back to generate
 
     stages = {s.name: s for s in suite.stages}
     jobs = eval_jobs(suite, model, tokenizer, args)

@@ -19,7 +19,9 @@ import platform
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -36,14 +38,15 @@ PHASES = ("generate", "grade", "score", "backward", "step")
 
 def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "cpu",
             mixed_precision: bool = True, params: dict | None = None,
-            max_new_tokens: int = 48) -> dict:
+            max_new_tokens: int = 48, samples_per_prompt: int = 4,
+            load: Callable[[Distributed], tuple[Any, Any]] | None = None) -> dict:
     """Train `steps` steps of one method (its config overridden by `params`); per-step seconds
-    and losses, and summed phase times."""
+    and losses, and summed phase times. `load` builds another model than the embedded one."""
     dist = Distributed.create(device, dtype, mixed_precision)
-    model, tokenizer = dist.load_model("smollm2-135m")
+    model, tokenizer = load(dist) if load else dist.load_model("smollm2-135m")
     task = build_task(TASK)
     method = build_method(MethodSpec(name=method_name, params=params or {}))
-    budget = Budget(steps=steps, prompts_per_step=4, samples_per_prompt=4,
+    budget = Budget(steps=steps, prompts_per_step=4, samples_per_prompt=samples_per_prompt,
                     max_new_tokens=max_new_tokens)
     with tempfile.TemporaryDirectory() as work:
         ctx = StageContext(model=model, tokenizer=tokenizer, task=task,
@@ -56,6 +59,7 @@ def measure(method_name: str, steps: int, dtype: str, seed: int, device: str = "
     per_step = [r["seconds"] for r in report.steps]
     timed = per_step[1:] or per_step
     return {"method": method_name, "dtype": dist.precision.label,
+            "parameters": sum(p.numel() for p in model.parameters()),
             "device": str(model.device),
             "seconds_per_step": statistics.mean(timed), "per_step": per_step,
             "losses": [r.get("loss") for r in report.steps],

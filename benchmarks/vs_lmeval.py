@@ -33,6 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="comma-separated task columns (default math,science,tool_use)")
     ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of each (default 2)")
+    ap.add_argument("--batch-size", type=int, default=None,
+                    help="evaluation batch size of both (default: the suite's)")
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return ap.parse_args(argv)
@@ -51,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     dist = Distributed.create(args.device, suite.model.dtype, suite.model.mixed_precision)
     model, tokenizer = dist.load_model(suite.model)
     decoding = suite.protocol.decoding
+    if args.batch_size:
+        decoding = decoding.model_copy(update={"batch_size": args.batch_size})
     if decoding.temperature != 0:
         print("the suite's evaluation is sampled; lm-eval is compared on greedy decoding",
               file=sys.stderr)
