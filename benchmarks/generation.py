@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any
 
+from common import add_machine_options, suite_model
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -40,8 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="comma-separated task columns (and, for --compare loop, stages)")
     ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each way (default 3)")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_machine_options(ap)
     return ap.parse_args(argv)
 
 
@@ -49,18 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from clbench.engine.distributed import Distributed
-    from clbench.suites import load_suite
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    suite = load_suite(args.suite)
-    dist = Distributed.create(args.device, suite.model.dtype, suite.model.mixed_precision)
+    suite, dist, model, tokenizer = suite_model(args)
     if args.compare == "cast" and not dist.precision.mixed:
         print(f"{suite.model.name} runs in {dist.precision.label} here (no autocast): no casts "
               "to compare", file=sys.stderr)
         return 1
-    model, tokenizer = dist.load_model(suite.model)
     compare = compare_cast if args.compare == "cast" else compare_loop
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "

@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Any
 
+from common import add_machine_options, suite_model
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -35,8 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of each (default 2)")
     ap.add_argument("--batch-size", type=int, default=None,
                     help="evaluation batch size of both (default: the suite's)")
-    ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_machine_options(ap)
     return ap.parse_args(argv)
 
 
@@ -44,14 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from clbench.engine.distributed import Distributed
-    from clbench.suites import load_suite
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    suite = load_suite(args.suite)
-    dist = Distributed.create(args.device, suite.model.dtype, suite.model.mixed_precision)
-    model, tokenizer = dist.load_model(suite.model)
+    suite, dist, model, tokenizer = suite_model(args)
     decoding = suite.protocol.decoding
     if args.batch_size:
         decoding = decoding.model_copy(update={"batch_size": args.batch_size})
