@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -210,6 +211,24 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
             if handler is None:  # stopped before it held anything: leave no trace
                 release_unused_run_dir(run_dir, created)
             lock.close()
+
+
+def resolution(run: RunSpec) -> dict[str, Any]:
+    """What the run's `auto` settings resolve to on this machine, without loading the model:
+    its device, precision and (on the CPU) torch threads."""
+    from clbench.engine.cpu import run_threads
+    from clbench.engine.distributed import resolve_precision
+    from clbench.models import resolve_device
+
+    device = resolve_device(run.device)
+    precision = resolve_precision(run.model.dtype, run.model.mixed_precision, device)
+    out: dict[str, Any] = {"device": str(device), "precision": precision.label}
+    if device.type == "cpu":
+        import torch
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+        out["cpu_threads"] = run_threads(local) or torch.get_num_threads()
+    return out
 
 
 def estimate(run: RunSpec, on_step: Any = None) -> tuple[RunEstimate, dict[str, Any]]:

@@ -314,13 +314,21 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
                   soft_wrap=True)
 
 
+def print_resolution(console: Console, resolved: dict[str, Any]) -> None:
+    """`clbench run --plan`: what `auto` device and precision resolve to on this machine."""
+    console.print(f"[bold]on this machine[/] {_resolved(resolved)}", soft_wrap=True)
+
+
+def _resolved(resolved: dict[str, Any]) -> str:
+    threads = f", {resolved['cpu_threads']} threads" if "cpu_threads" in resolved else ""
+    return f"{escape(resolved['device'])}, {escape(resolved['precision'])}{threads}"
+
+
 def print_estimate(console: Console, estimate: Any, resolved: dict[str, Any],
                    calibration_seconds: float) -> None:
     """`clbench run --plan --estimate`: where the run's time will go on this machine, and its
     disk (:class:`clbench.estimate.RunEstimate`)."""
-    threads = f", {resolved['cpu_threads']} threads" if "cpu_threads" in resolved else ""
-    console.print(f"[bold]estimate on this machine[/] {escape(resolved['device'])}, "
-                  f"{escape(resolved['precision'])}{threads} (calibrated in "
+    console.print(f"[bold]estimate on this machine[/] {_resolved(resolved)} (calibrated in "
                   f"{clock_time(calibration_seconds)})", soft_wrap=True)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True,
                   caption="evaluation: each row evaluates every column's items at the measured "

@@ -89,6 +89,10 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     print_plan(console, run, config.model_dump(mode="json"))
     if estimate:
         _print_estimate(run, console)
+    elif plan_only:
+        from clbench.reporting import print_resolution
+
+        print_resolution(console, importlib.import_module("clbench.protocol").resolution(run))
     if plan_only:
         return
     # Imported here so that listing, validating and planning stay quick (no torch import).
