@@ -31,3 +31,36 @@ def suite_model(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     dist = Distributed.create(args.device, suite.model.dtype, suite.model.mixed_precision)
     model, tokenizer = dist.load_model(suite.model)
     return suite, dist, model, tokenizer
+
+
+def task_columns(suite: Any, names: str, n: int) -> list[tuple[str, Any, list[Any]]]:
+    """`(column, task, its first n eval items)` of each comma-separated task column."""
+    from clbench.registry import build_task
+
+    specs = {s.name: s.task for s in suite.stages} | {p.name: p.task for p in suite.probes
+                                                      if p.task is not None}
+    out = []
+    for column in names.split(","):
+        if column not in specs:
+            raise SystemExit(f"no task column {column!r} in {suite.name}: {sorted(specs)}")
+        task = build_task(specs[column])
+        out.append((column, task, task.examples("eval", specs[column].seed, n)))
+    return out
+
+
+def completions(column: str, task: Any, examples: list[Any], generate: Any,
+                batch_size: int) -> list[str]:
+    """The column's completions as a run makes them (`evaluate_column`: batches of similar
+    prompt length), in item order."""
+    from clbench.evaluation import evaluate_column
+
+    cell = evaluate_column(column, task, examples, generate, batch_size=batch_size,
+                           bootstrap_samples=1)
+    return [record.completion for record in cell.records]
+
+
+def swapped(module: Any, name: str, replacement: Any) -> tuple[Any, Any]:
+    """Two selectors for a benchmark's two ways: `module.name` as it is, and replaced."""
+    original = getattr(module, name)
+    return (lambda: setattr(module, name, original),
+            lambda: setattr(module, name, replacement))

@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from common import add_machine_options, suite_model
+from common import add_machine_options, completions, suite_model, swapped, task_columns
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,37 +73,23 @@ def compare_cast(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
     """Greedy evaluation of each column with each weight cast once per call / per token."""
     from clbench.engine import rollout
 
-    cached = rollout.weights_cast_once
-
-    def cast_once() -> None:
-        rollout.weights_cast_once = cached
-
-    def cast_per_token() -> None:
-        rollout.weights_cast_once = lambda _device: contextlib.nullcontext()
-
+    cast_once, cast_per_token = swapped(rollout, "weights_cast_once",
+                                        lambda _device: contextlib.nullcontext())
     return {"cast once per call": cast_once, "cast per token": cast_per_token}, \
         eval_jobs(suite, model, tokenizer, args)
 
 
 def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
               ) -> list[tuple[str, Any]]:
-    """Each column's first `--n` eval items, evaluated with the suite's decoding in the order
-    a run evaluates them (longest prompts first)."""
-    from clbench.evaluation import make_generate_fn, prompt_chars
-    from clbench.registry import build_task
+    """Each column's first `--n` eval items, evaluated as a run evaluates them."""
+    from clbench.evaluation import make_generate_fn
 
-    generate = make_generate_fn(model, tokenizer, suite.protocol.decoding)
-    specs = {s.name: s.task for s in suite.stages} | {p.name: p.task for p in suite.probes
-                                                      if p.task is not None}
-    jobs = []
-    for column in args.columns.split(","):
-        spec = specs[column]
-        prompts = sorted((ex.messages for ex in build_task(spec).examples("eval", spec.seed,
-                                                                          args.n)),
-                         key=prompt_chars, reverse=True)
-        jobs.append((f"eval {column} ({len(prompts)} items)",
-                     lambda prompts=prompts: generate(prompts)))
-    return jobs
+    decoding = suite.protocol.decoding
+    generate = make_generate_fn(model, tokenizer, decoding)
+    return [(f"eval {column} ({len(items)} items)",
+             lambda column=column, task=task, items=items: completions(
+                 column, task, items, generate, decoding.batch_size))
+            for column, task, items in task_columns(suite, args.columns, args.n)]
 
 
 def compare_loop(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
@@ -113,13 +99,8 @@ def compare_loop(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
     from clbench.engine.rollout import HFGenerator, SamplingParams
     from clbench.registry import build_task
 
-    cache = decoding.attention_cache
-
-    def decode_loop() -> None:
-        decoding.attention_cache = cache
-
-    def model_generate() -> None:
-        decoding.attention_cache = lambda _model, **_: None  # the generator falls back to generate
+    # without a cache the generator can run, it falls back to `model.generate`
+    decode_loop, model_generate = swapped(decoding, "attention_cache", lambda _model, **_: None)
 
     stages = {s.name: s for s in suite.stages}
     jobs = eval_jobs(suite, model, tokenizer, args)

@@ -24,7 +24,7 @@ import sys
 import time
 from typing import Any
 
-from common import add_machine_options, suite_model
+from common import add_machine_options, completions, suite_model, task_columns
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,40 +60,26 @@ def main(argv: list[str] | None = None) -> int:
           f"{decoding.max_new_tokens} new tokens at most; median [min-max] of {args.repeats}")
     print("| column | clbench (items/s) | lm-eval HF (items/s) | ratio | identical |")
     print("|---|---:|---:|---:|---|")
-    for column, prompts in columns(suite, args):
+    for column, task, items in task_columns(suite, args.columns, args.n):
+        prompts = [ex.messages for ex in items]
         check_same_ids(tokenizer, prompts, theirs.lm, ours.texts(prompts))
         rates: dict[str, list[float]] = {"clbench": [], "lm-eval": []}
         outputs: dict[str, list[str]] = {}
         for _ in range(args.repeats):
             for name, way in (("clbench", ours), ("lm-eval", theirs)):
                 started = time.perf_counter()
-                outputs[name] = way(prompts)
-                rates[name].append(len(prompts) / (time.perf_counter() - started))
+                outputs[name] = way(column, task, items)
+                rates[name].append(len(items) / (time.perf_counter() - started))
         same = sum(a == b for a, b in zip(outputs["clbench"], outputs["lm-eval"]))
         ratio = statistics.median(rates["clbench"]) / statistics.median(rates["lm-eval"])
-        print(f"| {column} ({len(prompts)} items) | {cell(rates['clbench'])} | "
-              f"{cell(rates['lm-eval'])} | {ratio:.2f}x | {same}/{len(prompts)} |", flush=True)
+        print(f"| {column} ({len(items)} items) | {cell(rates['clbench'])} | "
+              f"{cell(rates['lm-eval'])} | {ratio:.2f}x | {same}/{len(items)} |", flush=True)
     return 0
 
 
-def columns(suite: Any, args: argparse.Namespace) -> list[tuple[str, list[Any]]]:
-    from clbench.registry import build_task
-
-    specs = {s.name: s.task for s in suite.stages} | {p.name: p.task for p in suite.probes
-                                                      if p.task is not None}
-    out = []
-    for column in args.columns.split(","):
-        if column not in specs:
-            raise SystemExit(f"no task column {column!r} in {suite.name}: {sorted(specs)}")
-        spec = specs[column]
-        out.append((column, [ex.messages for ex in build_task(spec).examples(
-            "eval", spec.seed, args.n)]))
-    return out
-
-
 class ClbenchEval:
-    """A column's prompts through clbench's evaluation: batches of similar length, the
-    suite's decoding, under the run's autocast."""
+    """A column's items through clbench's evaluation (`evaluate_column`: batches of similar
+    length, the suite's decoding) under the run's autocast."""
 
     def __init__(self, model: Any, tokenizer: Any, decoding: Any, dist: Any) -> None:
         from clbench.evaluation import make_generate_fn
@@ -107,17 +93,9 @@ class ClbenchEval:
 
         return [chat_prompt_text(self.tokenizer, p) for p in prompts]
 
-    def __call__(self, prompts: list[Any]) -> list[str]:
-        from clbench.evaluation import prompt_chars
-
-        order = sorted(range(len(prompts)), key=lambda i: -prompt_chars(prompts[i]))
-        out: dict[int, str] = {}
+    def __call__(self, column: str, task: Any, items: list[Any]) -> list[str]:
         with self.dist.autocast():
-            for start in range(0, len(order), self.decoding.batch_size):
-                batch = order[start:start + self.decoding.batch_size]
-                for i, text in zip(batch, self.generate([prompts[i] for i in batch])):
-                    out[i] = text
-        return [out[i] for i in range(len(prompts))]
+            return completions(column, task, items, self.generate, self.decoding.batch_size)
 
 
 class LmEvalEval:
@@ -133,13 +111,13 @@ class LmEvalEval:
                        mixed_precision_dtype=dist.precision.compute if mixed else None)
         self.decoding, self.texts = decoding, texts
 
-    def __call__(self, prompts: list[Any]) -> list[str]:
+    def __call__(self, column: str, task: Any, items: list[Any]) -> list[str]:
         from lm_eval.api.instance import Instance
 
         kwargs = {"until": [], "max_gen_toks": self.decoding.max_new_tokens,
                   "do_sample": False, "temperature": 0.0}
         requests = [Instance("generate_until", {}, (text, dict(kwargs)), i)
-                    for i, text in enumerate(self.texts(prompts))]
+                    for i, text in enumerate(self.texts([ex.messages for ex in items]))]
         return self.lm.generate_until(requests, disable_tqdm=True)
 
 

@@ -102,6 +102,7 @@ for _name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE",
     os.environ.setdefault(_name, "1")
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import platform
@@ -160,10 +161,8 @@ def _rss_bytes() -> int | None:
 def _release_freed_memory() -> None:
     """Give freed heap back to the OS so that a run does not start on the last run's leftovers."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 class PeakRss:
