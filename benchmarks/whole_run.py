@@ -86,7 +86,8 @@ def run_method(args: argparse.Namespace, method: str, out: Path, env: dict[str, 
 
 
 def minutes(seconds: float) -> str:
-    return f"{int(seconds // 60)}:{int(round(seconds % 60)):02d}"
+    whole = round(seconds)
+    return f"{whole // 60}:{whole % 60:02d}"
 
 
 def table(measured: list[dict]) -> str:
