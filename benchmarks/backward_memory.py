@@ -24,9 +24,9 @@ def measure(rows: int, prompt: int, completion: int, micro_batch: int | None,
             checkpointing: bool, device: str) -> dict:
     import torch
 
-    from clbench.engine.logprobs import completion_distributions
-    from clbench.engine.optim import OptimizerSettings, set_gradient_checkpointing
     from clbench.models import load_model
+    from clbench.train.logprobs import completion_distributions
+    from clbench.train.optim import OptimizerSettings, set_gradient_checkpointing
 
     model, _ = load_model("smollm2-135m", device=device, dtype="float32")
     set_gradient_checkpointing(model, OptimizerSettings(gradient_checkpointing=checkpointing))

@@ -3,7 +3,7 @@
 The starter suite is only useful when its training columns start inside a band where on-policy
 methods get a signal and have room to learn (10-60% for the embedded model). This script
 evaluates the suite's model, before any training, on `--n` eval items of every stage and OOD
-probe, through the same evaluation path as `clbench run` (clbench.evaluation), and prints a
+probe, through the same evaluation path as `clbench run` (clbench.eval.column), and prints a
 markdown table (the one in docs/tasks.md).
 
     python benchmarks/calibrate_tasks.py starter --n 200 --batch-size 16
@@ -61,9 +61,9 @@ def band_note(role: str, score: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from clbench.engine.distributed import Distributed
-    from clbench.evaluation import make_generate_fn
-    from clbench.suites import load_suite
+    from clbench.eval.column import make_generate_fn
+    from clbench.spec.suites import load_suite
+    from clbench.train.distributed import Distributed
 
     if args.threads:
         import torch
@@ -102,8 +102,8 @@ def measure_column(column: str, role: str, task_spec: Any, generate: Any,
                    args: argparse.Namespace) -> dict[str, Any]:
     """One column's greedy accuracy, its interval and the shares of answer-less and closed-block
     completions (printing `--show` wrong completions)."""
-    from clbench.evaluation import evaluate_column
-    from clbench.registry import build_task
+    from clbench.eval.column import evaluate_column
+    from clbench.plugins.registry import build_task
     from clbench.tasks.base import THINK_CLOSE, split_response_start
 
     task = build_task(task_spec, where=f"{column}.task.params")

@@ -22,8 +22,8 @@ def suite_model(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     `args.threads` when given."""
     import torch
 
-    from clbench.engine.distributed import Distributed
-    from clbench.suites import load_suite
+    from clbench.spec.suites import load_suite
+    from clbench.train.distributed import Distributed
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -35,7 +35,7 @@ def suite_model(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
 def task_columns(suite: Any, names: str, n: int) -> list[tuple[str, Any, list[Any]]]:
     """`(column, task, its first n eval items)` of each comma-separated task column."""
-    from clbench.registry import build_task
+    from clbench.plugins.registry import build_task
 
     specs = {s.name: s.task for s in suite.stages} | {p.name: p.task for p in suite.probes
                                                       if p.task is not None}
@@ -52,7 +52,7 @@ def completions(column: str, task: Any, examples: list[Any], generate: Any,
                 batch_size: int) -> list[str]:
     """The column's completions as a run makes them (`evaluate_column`: batches of similar
     prompt length), in item order."""
-    from clbench.evaluation import evaluate_column
+    from clbench.eval.column import evaluate_column
 
     cell = evaluate_column(column, task, examples, generate, batch_size=batch_size,
                            bootstrap_samples=1)

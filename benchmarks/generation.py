@@ -3,10 +3,10 @@
 `--compare cast` (evaluation, greedy): under mixed precision (fp32 weights, bf16 autocast, what a
 run uses on a CPU with AVX512-BF16 and on GPUs) autocast casts a weight every time a forward uses
 it; generation runs one forward per new token, so without the cast cache every decoded token
-re-casts the whole model. `clbench.engine.rollout` keeps the casts for one generation call
+re-casts the whole model. `clbench.train.rollout` keeps the casts for one generation call
 (`weights_cast_once`). Evaluates the suite's columns both ways on the same items.
 
-`--compare loop`: clbench's decode loop (`clbench.engine.decoding`: one prefill per distinct
+`--compare loop`: clbench's decode loop (`clbench.train.decoding`: one prefill per distinct
 prompt, ended rows dropped from the batch, stop strings found from the newest tokens) against
 transformers' `model.generate` on the same batches. Evaluates the columns (greedy; the suite's
 decoding) and generates one step's rollouts of each stage of the same name (its prompts per step x
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
 def compare_cast(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
                  ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """Greedy evaluation of each column with each weight cast once per call / per token."""
-    from clbench.engine import rollout
+    from clbench.train import rollout
 
     cast_once, cast_per_token = swapped(rollout, "weights_cast_once",
                                         lambda _device: contextlib.nullcontext())
@@ -82,7 +82,7 @@ def compare_cast(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
 def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
               ) -> list[tuple[str, Any]]:
     """Each column's first `--n` eval items, evaluated as a run evaluates them."""
-    from clbench.evaluation import make_generate_fn
+    from clbench.eval.column import make_generate_fn
 
     decoding = suite.protocol.decoding
     generate = make_generate_fn(model, tokenizer, decoding)
@@ -95,9 +95,9 @@ def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
 def compare_loop(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
                  ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """Evaluation and one step's rollouts with clbench's decode loop / `model.generate`."""
-    from clbench.engine import decoding
-    from clbench.engine.rollout import HFGenerator, SamplingParams
-    from clbench.registry import build_task
+    from clbench.plugins.registry import build_task
+    from clbench.train import decoding
+    from clbench.train.rollout import HFGenerator, SamplingParams
 
     # without a cache the generator can run, it falls back to `model.generate`
     decode_loop, model_generate = swapped(decoding, "attention_cache", lambda _model, **_: None)

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from clbench.engine.api import StageContext
-from clbench.engine.distributed import Distributed
 from clbench.errors import UserError
-from clbench.registry import build_method, build_task
-from clbench.specs import Budget, MethodSpec, TaskSpec
+from clbench.plugins.registry import build_method, build_task
+from clbench.spec.schema import Budget, MethodSpec, TaskSpec
+from clbench.train.api import StageContext
+from clbench.train.distributed import Distributed
 
 TASK = TaskSpec(source="math.arithmetic", params={"digits": 2, "operands": 2, "operators": "+"},
                 train_size=64)

@@ -56,11 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def reference_logprobs(model: Any, tok: Any, examples: list, autocast: Any
                        ) -> tuple[list[float], list[float]]:
     """Per item: log P(reference + EOS | prompt), and log P of its final answer line alone."""
-    from clbench.engine.logprobs import completion_logprobs
-    from clbench.engine.rollout import encode_chat
-    from clbench.engine.supervision import first_answer_token
     from clbench.tasks.base import continuation
-    from clbench.tasks.math import boxed_answer_start
+    from clbench.tasks.math.generated import boxed_answer_start
+    from clbench.train.logprobs import completion_logprobs
+    from clbench.train.rollout import encode_chat
+    from clbench_methods.sdpo.supervision import first_answer_token
 
     prompts = [encode_chat(tok, e.messages) for e in examples]
     texts = [continuation(e) for e in examples]  # after the start of the response in the prompt
@@ -79,11 +79,11 @@ def reference_logprobs(model: Any, tok: Any, examples: list, autocast: Any
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from clbench.engine.api import StageContext
     from clbench.models import cpu_supports_bf16, load_model
-    from clbench.registry import build_task, load_method_class
-    from clbench.rows import column_items
-    from clbench.suites import load_suite
+    from clbench.plugins.registry import build_task, load_method_class
+    from clbench.run.rows import column_items
+    from clbench.spec.suites import load_suite
+    from clbench.train.api import StageContext
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -16,12 +16,12 @@ import argparse
 
 import torch
 
-from clbench.engine.rollout import encode_chat
-from clbench.engine.teacher import build_teacher_messages
 from clbench.models import load_model
-from clbench.registry import build_task
-from clbench.suites import load_suite
+from clbench.plugins.registry import build_task
+from clbench.spec.suites import load_suite
 from clbench.tasks.base import continuation
+from clbench.train.rollout import encode_chat
+from clbench_methods.sdpo.teacher import build_teacher_messages
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 The same model object, the same items (each column's first `--n` evaluation items of the suite,
 as chat prompts), the same greedy decoding (the suite's `max_new_tokens`, EOS ends an item), the
-same batch size, the same precision: clbench's evaluation (`clbench.evaluation.make_generate_fn`,
+same batch size, the same precision: clbench's evaluation (`clbench.eval.column.make_generate_fn`,
 batches of prompts of similar length as a run makes them) against `lm_eval.models.huggingface.HFLM
 .generate_until` (which sorts its requests by length itself). Under mixed precision both compute
 in bf16 over the fp32 weights: lm-eval through its `mixed_precision_dtype` autocast (whose cast
@@ -82,14 +82,14 @@ class ClbenchEval:
     length, the suite's decoding) under the run's autocast."""
 
     def __init__(self, model: Any, tokenizer: Any, decoding: Any, dist: Any) -> None:
-        from clbench.evaluation import make_generate_fn
+        from clbench.eval.column import make_generate_fn
 
         self.tokenizer, self.decoding, self.dist = tokenizer, decoding, dist
         self.generate = make_generate_fn(model, tokenizer, decoding)
 
     def texts(self, prompts: list[Any]) -> list[str]:
         """Each prompt as the text clbench encodes."""
-        from clbench.engine.rollout import chat_prompt_text
+        from clbench.train.rollout import chat_prompt_text
 
         return [chat_prompt_text(self.tokenizer, p) for p in prompts]
 
@@ -132,7 +132,7 @@ def lmeval_eval(model: Any, tokenizer: Any, decoding: Any, dist: Any) -> LmEvalE
 
 def check_same_ids(tokenizer: Any, prompts: list[Any], lm: Any, texts: list[str]) -> None:
     """lm-eval must see the prompts clbench sees: the same token ids after its own encoding."""
-    from clbench.engine.rollout import encode_chat
+    from clbench.train.rollout import encode_chat
 
     for prompt, text in zip(prompts, texts):
         if lm.tok_encode(text) != encode_chat(tokenizer, prompt):

@@ -124,10 +124,10 @@ from transformers import TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
 from step_time import TASK, measure
 
-from clbench.engine.cpu import run_threads
-from clbench.engine.distributed import Distributed
-from clbench.engine.optim import step_examples
-from clbench.registry import build_task
+from clbench.plugins.registry import build_task
+from clbench.train.cpu import run_threads
+from clbench.train.distributed import Distributed
+from clbench.train.optim import step_examples
 
 PROMPTS, SAMPLES = 4, 4
 MODEL = "smollm2-135m"
@@ -364,7 +364,7 @@ def timed_run(impl: str, method: str, args: argparse.Namespace) -> dict[str, Any
     try:
         with PeakRss() as rss:
             result = runner(method, args)
-    except Exception as exc:  # noqa: BLE001 - keep the other runs' numbers; traceback on stderr
+    except Exception as exc:
         traceback.print_exc()
         return {"error": f"{type(exc).__name__}: {exc}"}
     result.update(peak_rss=rss.peak, rss_growth=None if rss.peak is None or rss.start is None

@@ -16,8 +16,8 @@ import os
 import shutil
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any
 
 _DEFAULT_MODE = 0o644  # new files are readable by the leaderboard builder and other users

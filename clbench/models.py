@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_dir, file_lock
-from clbench.spec_reading import SpecError
-from clbench.specs import ModelSpec
+from clbench.spec.reading import SpecError
+from clbench.spec.schema import ModelSpec
 
 if TYPE_CHECKING:
     import torch

@@ -40,8 +40,8 @@ from pydantic import (
 
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
-from clbench.spec_reading import describe_validation_error
-from clbench.specs import RunSpec, SuiteSpec
+from clbench.spec.reading import describe_validation_error
+from clbench.spec.schema import RunSpec, SuiteSpec
 
 if TYPE_CHECKING:
     import torch

@@ -5,8 +5,8 @@ normalisation optional). Every completion token gets the clipped surrogate
 -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) with rho = p_new / p_old (dual clip optional),
 plus, when beta > 0, beta times the k3 estimate of KL to the model as it was at the stage's start.
 The loss is a token mean over the step's completion tokens (over every rank's, with several
-processes). Loss math: :mod:`clbench.engine.losses`; plumbing:
-:mod:`clbench.engine.onpolicy`.
+processes). Loss math: :mod:`clbench.train.losses`; plumbing:
+:mod:`clbench.train.onpolicy`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,14 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from clbench.engine.losses import clipped_surrogate, group_advantages, kl_to_reference
-from clbench.engine.onpolicy import (Objective, OnPolicyMethod, OnPolicySettings, OnPolicyTrainer,
-                                     RolloutBatch)
+from clbench.train.losses import clipped_surrogate, group_advantages, kl_to_reference
+from clbench.train.onpolicy import (
+    Objective,
+    OnPolicyMethod,
+    OnPolicySettings,
+    OnPolicyTrainer,
+    RolloutBatch,
+)
 
 
 class GRPOConfig(OnPolicySettings):

@@ -18,14 +18,24 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from clbench.engine.api import Method, StageContext, StageReport
-from clbench.engine.losses import token_mean
-from clbench.engine.optim import (Counters, OptimizerSettings, PhaseClock, build_optimizer,
-                                  build_scheduler, loop_state, optimizer_step, restore_loop,
-                                  set_gradient_checkpointing, stage_lr, step_examples)
-from clbench.engine.rollout import encode_chat
 from clbench.tasks.base import continuation
-from clbench.engine.logprobs import completion_logprobs
+from clbench.train.api import Method, StageContext, StageReport
+from clbench.train.logprobs import completion_logprobs
+from clbench.train.losses import token_mean
+from clbench.train.optim import (
+    Counters,
+    OptimizerSettings,
+    PhaseClock,
+    build_optimizer,
+    build_scheduler,
+    loop_state,
+    optimizer_step,
+    restore_loop,
+    set_gradient_checkpointing,
+    stage_lr,
+    step_examples,
+)
+from clbench.train.rollout import encode_chat
 
 
 class SFTConfig(OptimizerSettings):

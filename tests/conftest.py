@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from clbench import registry
-from clbench.engine.api import Method, MethodConfig, StageContext, StageReport
+from clbench.plugins import registry
 from clbench.tasks.base import Example, Grade, Split, TaskParams, TaskSource
+from clbench.train.api import Method, MethodConfig, StageContext, StageReport
 
 
 class FakeAdditionParams(TaskParams):

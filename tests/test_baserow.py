@@ -6,14 +6,15 @@ from pathlib import Path
 
 from test_protocol import PLUGINS, SUITE, run_cli, write_suite
 
-from clbench import baserow, registry
+from clbench.plugins import registry
 from clbench.results import Cell, read_results
+from clbench.run import baserow
 
 
 def _key(suite: Path, seed: int = 0, model: str | None = "org/some-model",
          sets: tuple[str, ...] = (), resolved: dict | None = None) -> str:
-    from clbench.rows import plan_columns
-    from clbench.suites import build_run_spec
+    from clbench.plugins.runspec import build_run_spec
+    from clbench.run.rows import plan_columns
 
     with registry.extra_plugins(**PLUGINS):
         run = build_run_spec(str(suite), "test.echo-sft", seed=seed, out_dir="unused",

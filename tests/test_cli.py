@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from clbench.cli import cli
-from clbench.suites import SuiteNotFoundError
+from clbench.spec.suites import SuiteNotFoundError
 
 
 def invoke(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -150,7 +150,7 @@ def test_tasks_show(fake_plugins) -> None:
 
 def test_methods_show_documents_every_config_field(monkeypatch) -> None:
     """The config's field descriptions are the CLI's documentation of a method."""
-    from clbench_methods.sdpo import SDPO
+    from clbench_methods.sdpo.method import SDPO
 
     monkeypatch.setenv("COLUMNS", "400")  # one line per field
     result = CliRunner().invoke(cli, ["methods", "show", "sdpo"])
@@ -207,12 +207,12 @@ def test_run_plan(write_suite, fake_plugins, columns: str) -> None:
 
 def test_run_calls_the_protocol(write_suite, fake_plugins, monkeypatch, tmp_path: Path) -> None:
     calls = []
-    fake = types.ModuleType("clbench.protocol")
+    fake = types.ModuleType("clbench.run.protocol")
     def execute(run, resume, console):
         calls.append((run, resume))
 
     fake.execute = execute  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "clbench.protocol", fake)
+    monkeypatch.setitem(sys.modules, "clbench.run.protocol", fake)
     out = tmp_path / "out"
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method", "--out",
                     str(out), "--resume", "--model", "tiny-llama", "--device", "cpu")
@@ -283,9 +283,9 @@ def test_ctrl_c_exits_130_without_traceback(write_suite, fake_plugins, monkeypat
     def interrupted(run, resume, console):
         raise KeyboardInterrupt
 
-    fake = types.ModuleType("clbench.protocol")
+    fake = types.ModuleType("clbench.run.protocol")
     fake.execute = interrupted  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "clbench.protocol", fake)
+    monkeypatch.setitem(sys.modules, "clbench.run.protocol", fake)
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
     assert result.exit_code == 130
     assert result.stderr == "interrupted\n" and "Traceback" not in result.output
@@ -298,9 +298,9 @@ def test_sigterm_during_a_command_exits_143_and_restores_the_handler(write_suite
         time.sleep(5)  # the handler raises before this returns
         raise AssertionError("SIGTERM did not stop the command")
 
-    fake = types.ModuleType("clbench.protocol")
+    fake = types.ModuleType("clbench.run.protocol")
     fake.execute = terminated  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "clbench.protocol", fake)
+    monkeypatch.setitem(sys.modules, "clbench.run.protocol", fake)
     before = signal.getsignal(signal.SIGTERM)
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
     assert result.exit_code == 143

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from test_rundir import _old_hash, _run
 
-from clbench import registry
-from clbench.comparison import comparison_groups, cost_comparison, cost_tables
-from clbench.comparison import comparison as compare_groups
+from clbench.plugins import registry
+from clbench.plugins.runspec import build_run_spec
+from clbench.report.comparison import comparison as compare_groups
+from clbench.report.comparison import comparison_groups, cost_comparison, cost_tables
 from clbench.results import MetricValue, new_result
-from clbench.suites import build_run_spec
 
 
 def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_path: Path) -> None:
@@ -88,7 +88,8 @@ def test_cost_per_run_by_hardware_with_wall_time_and_peak_memory(tmp_path: Path)
     assert header == ["method", "hardware", "runs", "wall time per run", "peak memory"]
     assert table == [
         ["sft", "cpu", "2", "2:06:40 ± 1:24:51 (n=2)", "10.9 GiB (resident memory)"],
-        ["sft", "cuda", "1", "0:04:04 (n=1)", "6.0 GiB (GPU memory allocated)"],  # one seed: no spread
+        # one seed: no spread
+        ["sft", "cuda", "1", "0:04:04 (n=1)", "6.0 GiB (GPU memory allocated)"],
         ["sft", "cuda x4", "1", "0:01:30 (n=1)", "—"]]
 
 
@@ -113,7 +114,7 @@ def test_a_table_into_a_file_is_printed_whole_and_on_a_terminal_fits_the_window(
     from rich.console import Console
     from rich.table import Table
 
-    from clbench.tables import print_uncut
+    from clbench.report.tables import print_uncut
 
     names = [f"column_with_a_long_name_{i}" for i in range(9)]
     table = Table(title="R")

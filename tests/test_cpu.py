@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from clbench.engine import cpu
-from clbench.engine.distributed import Distributed
+from clbench.train import cpu
+from clbench.train.distributed import Distributed
 
 
 @pytest.mark.parametrize(("content", "cores"), [

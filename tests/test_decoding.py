@@ -7,10 +7,10 @@ import random
 
 import pytest
 import torch
-
-from clbench.engine.decoding import Sampling, StopScanner, pick_tokens
-from clbench.engine.rollout import HFGenerator, SamplingParams, encode_chat
 from toy import one_thread, tiny
+
+from clbench.train.decoding import Sampling, StopScanner, pick_tokens
+from clbench.train.rollout import HFGenerator, SamplingParams, encode_chat
 
 PROMPTS = [[{"role": "user", "content": f"prompt {i}: " + "x" * (3 * i)}] for i in range(6)]
 
@@ -118,7 +118,7 @@ def test_sampling_draws_the_nucleus_distribution_at_the_temperature():
 
 @pytest.mark.parametrize("capacity", [3, 64])  # 3: the buffers grow past the prompt
 def test_a_preallocated_cache_decodes_what_a_dynamic_cache_decodes(capacity: int) -> None:
-    from clbench.engine.decoding import RowPlan, attention_cache, decode
+    from clbench.train.decoding import RowPlan, attention_cache, decode
 
     model, tok = _varied_tiny()
     prompt_ids = [encode_chat(tok, p) for p in PROMPTS]

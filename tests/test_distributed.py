@@ -1,4 +1,4 @@
-"""Devices, precision and processes (clbench/engine/distributed.py): prompt and item sharding,
+"""Devices, precision and processes (clbench/train/distributed.py): prompt and item sharding,
 mixed precision on CPU, and a two-process run of the smoke suite through `accelerate launch`."""
 
 from __future__ import annotations
@@ -9,21 +9,22 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 from click.testing import CliRunner
 from toy import FixedGenerator, RowNLL, one_thread, tiny, toy_context
 
-from clbench.engine.distributed import Distributed, eval_share, resolve_precision
-from clbench.engine.onpolicy import OnPolicyTrainer
-from clbench.engine.optim import OptimizerSettings, rank_share, step_examples
 from clbench.errors import UserError
 from clbench.models import ModelLoadError, cpu_supports_bf16, load_model
 from clbench.results import read_results
+from clbench.train.distributed import Distributed, eval_share, resolve_precision
+from clbench.train.onpolicy import OnPolicyTrainer
+from clbench.train.optim import OptimizerSettings, rank_share, step_examples
 
 # ---------------------------------------------------------------------------------------------
 # Sharding

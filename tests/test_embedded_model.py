@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy import one_thread, toy_context
 
-from clbench.engine.rollout import HFGenerator, SamplingParams
 from clbench.models import EMBEDDED_MODEL, embedded_model_dir, load_model
+from clbench.train.rollout import HFGenerator, SamplingParams
 from clbench_methods.grpo import GRPO
 from clbench_methods.sft import SFT
-from toy import one_thread, toy_context
 
 pytestmark = pytest.mark.embedded
 
@@ -63,7 +63,7 @@ def test_greedy_rows_end_one_by_one_with_model_generates_tokens(embedded) -> Non
     `model.generate` on the same batch."""
     from transformers import GenerationConfig
 
-    from clbench.engine.rollout import encode_chat
+    from clbench.train.rollout import encode_chat
 
     model, tok = embedded
     prompts = [[{"role": "user", "content": q}] for q in (
@@ -89,7 +89,7 @@ def test_greedy_rows_end_one_by_one_with_model_generates_tokens(embedded) -> Non
 def test_stop_strings_are_found_from_the_newest_tokens_of_a_bpe_tokenizer(embedded) -> None:
     import random
 
-    from clbench.engine.decoding import StopScanner
+    from clbench.train.decoding import StopScanner
 
     _, tok = embedded
     pieces = ["Question", ":", " answer", "\n", "\n\n", "é", "日本", " </", "tool_call", ">",

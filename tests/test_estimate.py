@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from clbench.cli import cli
-from clbench.estimate import ColumnCost, RunEstimate, StageCost, middle_batch, state_bytes
+from clbench.run.estimate import ColumnCost, RunEstimate, StageCost, middle_batch, state_bytes
 from clbench.tasks.base import Example
 
 

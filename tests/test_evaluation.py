@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 from rich.progress import Progress
 
-from clbench.evaluation import (
+from clbench.eval.column import (
     ItemRecord,
     evaluate_column,
     read_records,
@@ -103,9 +103,9 @@ def test_records_round_trip_as_jsonl(tmp_path) -> None:
 
 
 def test_tiny_model_evaluation_is_deterministic_and_graded_by_the_task() -> None:
-    from clbench.evaluation import make_generate_fn
+    from clbench.eval.column import make_generate_fn
     from clbench.models import load_model
-    from clbench.specs import DecodingSpec
+    from clbench.spec.schema import DecodingSpec
 
     model, tokenizer = load_model("tiny-llama", device="cpu", dtype="float32", seed=1)
     task = EchoAddition()
@@ -122,9 +122,9 @@ def test_tiny_model_evaluation_is_deterministic_and_graded_by_the_task() -> None
 
 
 def test_sampled_evaluation_draws_afresh_in_every_batch_and_repeats_per_seed() -> None:
-    from clbench.evaluation import make_generate_fn
+    from clbench.eval.column import make_generate_fn
     from clbench.models import load_model
-    from clbench.specs import DecodingSpec
+    from clbench.spec.schema import DecodingSpec
 
     model, tokenizer = load_model("tiny-llama", device="cpu", dtype="float32", seed=1)
     prompt = [{"role": "user", "content": "Say something."}]

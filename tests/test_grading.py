@@ -8,9 +8,16 @@ from fractions import Fraction
 
 import pytest
 
-from clbench.tasks.grading import (extract_answer_line, extract_boxed, extract_choice,
-                                   extract_tag, math_equivalent, normalize_answer, parse_number,
-                                   warm_up_verifier)
+from clbench.tasks.grading import (
+    extract_answer_line,
+    extract_boxed,
+    extract_choice,
+    extract_tag,
+    math_equivalent,
+    normalize_answer,
+    parse_number,
+    warm_up_verifier,
+)
 
 
 @pytest.mark.parametrize("text, expected", [

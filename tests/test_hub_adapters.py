@@ -12,8 +12,8 @@ import pytest
 
 from clbench.errors import UserError
 from clbench.tasks.hub import HubDataError
-from clbench.tasks.math_hub import AIME24, AIME25, GSM8K, MATH500, DAPOMath
-from clbench.tasks.science_hub import GPQA, SciKnowEval, SciQ
+from clbench.tasks.math.hub import AIME24, AIME25, GSM8K, MATH500, DAPOMath
+from clbench.tasks.science.hub import GPQA, SciKnowEval, SciQ
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hub"
 

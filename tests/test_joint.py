@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from test_protocol import SUITE, run_cli, write_suite
 
-from clbench.joint import PART_KEY, MixedTasks, add_intransigence, mixed_train_set
+from clbench.report.intransigence import add_intransigence
 from clbench.results import read_results
-from clbench.specs import Budget, StageSpec, TaskSpec, joint_stage
-from clbench.tasks.math import Arithmetic
-from clbench.tasks.science import Facts
+from clbench.run.joint import PART_KEY, MixedTasks, mixed_train_set
+from clbench.spec.schema import Budget, StageSpec, TaskSpec, joint_stage
+from clbench.tasks.math.generated import Arithmetic
+from clbench.tasks.science.generated import Facts
 
 
 def _stage(name: str, **budget: object) -> StageSpec:
@@ -57,8 +58,8 @@ def test_rollouts_of_mixed_items_keep_their_own_stage_token_cap(tmp_path: Path) 
     stage's, so the joint model gets no more tokens per item than the continual runs."""
     from toy import FixedGenerator, LowercaseTask, RowNLL, one_thread, tiny, toy_context
 
-    from clbench.engine.onpolicy import OnPolicyTrainer
-    from clbench.engine.optim import OptimizerSettings
+    from clbench.train.onpolicy import OnPolicyTrainer
+    from clbench.train.optim import OptimizerSettings
 
     short, long = LowercaseTask({"k": 2}), LowercaseTask({"k": 8})
     mixed = mixed_train_set([short.examples("train", 1, 8), long.examples("train", 2, 8)], [1, 2])
@@ -106,7 +107,8 @@ def test_a_joint_run_is_the_reference_of_report_intransigence(tmp_path: Path) ->
     res = run_cli([*common, "--joint", "--out", str(runs / "echo-joint" / "s0"), "--resume"])
     assert res.exit_code == 0 and "after joint" in res.output
 
-    from clbench.reporting import collect_results, report as print_report
+    from clbench.report.runs import collect_results
+    from clbench.report.runs import report as print_report
 
     found = collect_results([runs])
     add_intransigence(found)
@@ -191,7 +193,7 @@ def test_a_sweep_of_joint_references_gives_the_grid_its_intransigence(tmp_path: 
     assert "intransig" not in res.output.split("mean ± std")[-1]  # no reference yet
     from rich.console import Console
 
-    from clbench.sweep import sweep
+    from clbench.sweep.grid import sweep
 
     # as a child process (--jobs 2): `--joint` reaches it
     data = sweep("smoke", ["sft"], [0], root, device="cpu", jobs=2, joint=True,

@@ -13,16 +13,17 @@ import torch
 import yaml
 from lm_eval.api.model import LM
 
-from clbench import lmeval, registry
-from clbench.lmeval import check_probe, run_probe
-from clbench.lmeval_tasks import (
+from clbench.eval import lmeval
+from clbench.eval.lmeval import check_probe, run_probe
+from clbench.eval.lmeval_export import export_lm_eval, grade_exported_doc
+from clbench.eval.lmeval_tasks import (
     OFFLINE_TASK,
     SHIPPED_TASK_DIR,
     LmEvalProbeError,
     resolve_task_folder,
 )
-from clbench.lmeval_export import export_lm_eval, grade_exported_doc
-from clbench.specs import LmEvalProbe, SuiteSpec
+from clbench.plugins import registry
+from clbench.spec.schema import LmEvalProbe, SuiteSpec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "lmeval"
 
@@ -232,7 +233,7 @@ def test_check_probe_refuses_a_metric_the_task_will_not_report() -> None:
 def test_a_group_of_ours_over_built_in_tasks_brings_the_built_in_index() -> None:
     from lm_eval.tasks import TaskManager
 
-    from clbench.lmeval import _refers_elsewhere
+    from clbench.eval.lmeval import _refers_elsewhere
 
     index = TaskManager(include_path=str(FIXTURES), include_defaults=False).task_index
     assert not _refers_elsewhere(index["fixture_mc_group"].cfg, index)
@@ -244,8 +245,9 @@ def test_a_group_of_ours_over_built_in_tasks_brings_the_built_in_index() -> None
 
 def test_a_misspelled_lm_eval_task_stops_a_run_before_the_model_loads(tmp_path: Path,
                                                                        monkeypatch) -> None:
-    import clbench.models
     from test_protocol import SUITE, run_cli, write_suite
+
+    import clbench.models
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
@@ -290,8 +292,8 @@ def test_export_writes_tasks_that_lm_eval_runs_with_our_grader(tmp_path: Path, t
         assert len(docs) == 6 and docs[0]["prompt"].endswith("User: #5200\n\nAssistant:")
         assert grade_exported_doc(docs[0], docs[0]["reference"]) == {"acc": 1.0, "reward": 1.0}
         assert grade_exported_doc(docs[0], "3") == {"acc": 0.0, "reward": 0.0}
-        # utils.py files exported before the export half moved import it from clbench.lmeval
-        assert "from clbench.lmeval_export import grade_exported_doc" in \
+        # utils.py files exported before the export half moved import it from clbench.eval.lmeval
+        assert "from clbench.eval.lmeval_export import grade_exported_doc" in \
             (tmp_path / "export" / "utils.py").read_text()
         assert lmeval.grade_exported_doc is grade_exported_doc
 
@@ -323,11 +325,11 @@ class _EvenAnswersRight(LM):
     """An lm-eval model that answers the echo task's "7" when the prompt's number is even and
     "3" otherwise."""
 
-    def generate_until(self, requests, disable_tqdm=False):  # noqa: ANN001, ANN201
+    def generate_until(self, requests, disable_tqdm=False):
         numbers = [int(re.findall(r"#(\d+)", r.args[0])[-1]) for r in requests]
         return ["7" if n % 2 == 0 else "3" for n in numbers]
 
-    def loglikelihood(self, requests, disable_tqdm=False):  # noqa: ANN001, ANN201
+    def loglikelihood(self, requests, disable_tqdm=False):
         raise NotImplementedError("the exported tasks generate")
 
     loglikelihood_rolling = loglikelihood
@@ -337,7 +339,7 @@ def test_an_exported_prompt_ends_with_the_start_of_the_response_and_targets_the_
         tmp_path: Path) -> None:
     """The reasoning format's opened block goes after `Assistant:`; the target (what a few-shot
     example shows, what the model writes) is the reference after it; the grader scores that."""
-    from clbench.lmeval_export import render_transcript
+    from clbench.eval.lmeval_export import render_transcript
     from clbench.tasks.base import THINK_PREFIX
 
     suite = SuiteSpec.model_validate({"name": "fmt", "stages": [{
@@ -368,8 +370,9 @@ def test_export_command(tmp_path: Path) -> None:
 
 
 def test_export_refuses_two_columns_that_would_share_a_task_name(tmp_path: Path) -> None:
-    from clbench.errors import UserError
     from test_protocol import PLUGINS, SUITE
+
+    from clbench.errors import UserError
 
     data = yaml.safe_load(SUITE)
     probe = data["probes"][0]
@@ -420,7 +423,7 @@ def test_export_writes_nothing_when_a_column_cannot_be_built(tmp_path: Path) -> 
 
 
 def _smoke_yaml() -> str:
-    from clbench.suites import resolve_suite
+    from clbench.spec.suites import resolve_suite
 
     return resolve_suite("smoke").read_text()
 
@@ -428,8 +431,9 @@ def _smoke_yaml() -> str:
 def test_export_refuses_the_name_of_a_shipped_task(tmp_path: Path) -> None:
     """Suite `general` with a column `mc` would be exported as the shipped probe's task
     `clbench_general_mc`, and a probe including the export would see two tasks of that name."""
-    from clbench.errors import UserError
     from test_protocol import PLUGINS, SUITE
+
+    from clbench.errors import UserError
 
     data = yaml.safe_load(SUITE)
     data["name"] = "general"
@@ -446,7 +450,7 @@ def test_promised_keys_of_real_lm_eval_configs() -> None:
     """The configs of lm-eval's own tasks, as its index holds them: a metric given as
     `!function utils.pass_at_1` is indexed as a path but reported under the function's name,
     so the config promises nothing checkable (a correct probe metric must not be refused)."""
-    from clbench.lmeval import promised_keys
+    from clbench.eval.lmeval import promised_keys
 
     gsm8k = {"task": "gsm8k", "metric_list": [{"metric": "exact_match"}],
              "filter_list": [{"name": "strict-match"}, {"name": "flexible-extract"}]}

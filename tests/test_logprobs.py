@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from clbench.engine.logprobs import completion_distributions, completion_logprobs, pack_batch
 from toy import one_thread, tiny
+
+from clbench.train.logprobs import completion_distributions, completion_logprobs, pack_batch
 
 PROMPTS = [[1, 5, 9, 12], [3, 4], [7, 8, 9, 10, 11, 12, 13]]
 COMPLETIONS = [[20, 21, 22], [30, 31, 32, 33, 34, 35], [40]]
@@ -104,9 +104,9 @@ def test_pack_batch_layout_and_errors() -> None:
 def test_gradient_checkpointing_changes_memory_not_gradients() -> None:
     """Recomputing activations in backward (the default) gives bit-identical gradients, so
     turning it on or off never changes a result; it applies in train mode only."""
-    from clbench.engine.logprobs import completion_distributions
-    from clbench.engine.optim import OptimizerSettings, set_gradient_checkpointing
     from clbench.models import load_model
+    from clbench.train.logprobs import completion_distributions
+    from clbench.train.optim import OptimizerSettings, set_gradient_checkpointing
 
     assert OptimizerSettings().gradient_checkpointing
     grads = []
@@ -128,7 +128,7 @@ def test_the_scores_sdpo_gets_from_models_equal_scores_from_their_logits(model) 
     """What the SDPO methods feed `sdpo_loss` (the student's top-k, the teacher read at the
     student's ids, by `completion_distributions`) equals `losses.scores_from_logits` on the same
     logits, the path `sdpo_loss` is compared with TRL on: so that comparison covers the method."""
-    from clbench.engine.losses import DistillationScores, scores_from_logits, sdpo_loss
+    from clbench.train.losses import DistillationScores, scores_from_logits, sdpo_loss
 
     teacher = tiny("tiny-qwen2", seed=3)[0]
     prompt, completion = PROMPTS[1], COMPLETIONS[1]

@@ -8,10 +8,10 @@ import os
 import pytest
 import torch
 
-from clbench.engine import losses
+from clbench.train import losses
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-from trl.experimental.sdpo import loss_utils as trl_sdpo  # noqa: E402  (after the env flag)
+from trl.experimental.sdpo import loss_utils as trl_sdpo
 
 ATOL = 1e-6
 

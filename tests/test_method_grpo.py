@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from clbench.engine.onpolicy import OnPolicyTrainer
-from clbench_methods.grpo import GRPO, GRPOConfig, GRPOObjective
 from toy import one_thread, tiny, toy_context
+
+from clbench.train.onpolicy import OnPolicyTrainer
+from clbench_methods.grpo import GRPO, GRPOConfig, GRPOObjective
 
 
 @pytest.fixture(autouse=True)

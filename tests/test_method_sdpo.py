@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 from pydantic import ValidationError
-
-from clbench.engine.teacher import build_teacher_messages
-from clbench.tasks.base import Example, Grade, Split, TaskSource, seeded_rng
-from clbench_methods import sdpo as sdpo_module
-from clbench_methods.sdpo import SDPO, SDPOConfig, SDPOCoT, SDPOObjective, StableSDPO
-from clbench_methods.sft import SFT
 from toy import LowercaseTask, greedy_reward, one_thread, tiny, toy_context
+
+from clbench.tasks.base import Example, Grade, Split, TaskSource, seeded_rng
+from clbench_methods.sdpo import method as sdpo_module
+from clbench_methods.sdpo.method import SDPO, SDPOConfig, SDPOCoT, SDPOObjective, StableSDPO
+from clbench_methods.sdpo.teacher import build_teacher_messages
+from clbench_methods.sft import SFT
 
 K = 4  # letters per completion
 
@@ -167,7 +167,7 @@ def test_step_records_counters_and_wall_time(tmp_path):
 
 
 def test_the_step_loss_is_the_tested_sdpo_loss(tmp_path, monkeypatch):
-    """The objective's loss is what `clbench.engine.losses.sdpo_loss` returns (the function
+    """The objective's loss is what `clbench.train.losses.sdpo_loss` returns (the function
     compared with TRL's trainer in test_losses), called with the method's settings."""
     calls = []
     real = sdpo_module.sdpo_loss
@@ -346,7 +346,7 @@ def test_statistics_of_a_rank_without_a_loss_are_a_zero_share_and_eos_a_global_m
     batch.extra["stops_total"] = 0
     assert "student_eos_prob" not in SDPOObjective._zero_stats(batch)
     # rank 0 holds 2 of the step's 3 ended responses (P(EOS) 0.5 and 0.25), rank 1 one (0.6)
-    from clbench.engine.losses import DistillationScores
+    from clbench.train.losses import DistillationScores
 
     def rank_stats(probs: list[float]) -> dict[str, float]:
         rows = [type("R", (), {"num_tokens": 2})() for _ in probs]
@@ -376,7 +376,7 @@ def test_final_line_supervision_is_sparser_than_cot_and_mask_ratio_thins_it(tmp_
 
 
 def test_supervise_eos_reaches_the_supervision_of_every_rollout(tmp_path, monkeypatch):
-    import clbench_methods.sdpo as sdpo_module
+    import clbench_methods.sdpo.method as sdpo_module
 
     seen = []
     real = sdpo_module.completion_supervision
@@ -426,7 +426,7 @@ def test_settings_recorded_by_earlier_runs_read_as_what_they_did():
     assert SDPOConfig.model_validate({"use_feedback": False}).feedback == "none"
     assert SDPOConfig.model_validate({"supervision": "answer"}).supervision == "final_line"
     # fields a run from before them did not record read with the value it ran with
-    from clbench.engine.api import config_as_recorded
+    from clbench.train.api import config_as_recorded
 
     old = SDPOConfig.model_validate(config_as_recorded(SDPOConfig, {}))
     assert (old.feedback, old.warmup_steps) == ("rich", 0)
@@ -451,9 +451,9 @@ def test_registered_through_entry_points():
     from importlib.metadata import entry_points
 
     found = {ep.name: ep.value for ep in entry_points(group="clbench.methods")}
-    assert found["sdpo"] == "clbench_methods.sdpo:SDPO"
-    assert found["sdpo-cot"] == "clbench_methods.sdpo:SDPOCoT"
-    assert found["stable-sdpo"] == "clbench_methods.sdpo:StableSDPO"
+    assert found["sdpo"] == "clbench_methods.sdpo.method:SDPO"
+    assert found["sdpo-cot"] == "clbench_methods.sdpo.method:SDPOCoT"
+    assert found["stable-sdpo"] == "clbench_methods.sdpo.method:StableSDPO"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from clbench.cli import cli
-from clbench.spec_reading import SpecError
-from clbench.suites import build_run_spec, load_suite, validate_suite_plugins
+from clbench.plugins.runspec import build_run_spec, validate_suite_plugins
+from clbench.spec.reading import SpecError
+from clbench.spec.suites import load_suite
 
 SMOKE = Path(__file__).resolve().parents[1] / "suites" / "smoke.yaml"
 
@@ -96,9 +97,9 @@ def test_the_settings_in_force_are_recorded_and_reported(tmp_path: Path) -> None
     ("science.facts", {"families": ["symbol", "unit_conversion"]})])
 def test_validation_items_are_neither_trained_on_nor_evaluation_items(source: str,
                                                                       params: dict) -> None:
-    from clbench.registry import build_task
-    from clbench.rows import column_items
-    from clbench.specs import TaskSpec
+    from clbench.plugins.registry import build_task
+    from clbench.run.rows import column_items
+    from clbench.spec.schema import TaskSpec
 
     spec = TaskSpec(source=source, params=params, train_size=64)
     task = build_task(spec)
@@ -112,7 +113,7 @@ def test_validation_items_are_neither_trained_on_nor_evaluation_items(source: st
 
 def test_a_suite_scored_on_validation_items_plans_them_and_checks_there_are_enough(
         tmp_path: Path) -> None:
-    from clbench.rows import plan_columns
+    from clbench.run.rows import plan_columns
 
     run = build_run_spec(SMOKE, "sft", overrides=["protocol.split=validation"])
     plans, _ = plan_columns(run)

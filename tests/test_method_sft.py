@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from clbench.engine.optim import step_examples
-from clbench.engine.rollout import encode_chat
-from clbench_methods.sft import SFT
 from toy import LowercaseTask, greedy_reward, one_thread, tiny, toy_context
+
+from clbench.train.optim import step_examples
+from clbench.train.rollout import encode_chat
+from clbench_methods.sft import SFT
 
 
 @pytest.fixture(autouse=True)
@@ -86,10 +86,10 @@ def test_same_seed_same_losses_and_default_lr(tmp_path: Path) -> None:
     assert set(runs[0].wall_time) == {"backward", "step"}
 
 
-# -- the optimizer helpers every method shares (clbench.engine.optim) ---------------------------
+# -- the optimizer helpers every method shares (clbench.train.optim) ---------------------------
 
 def test_step_examples_visit_every_item_once_per_epoch_in_seeded_order() -> None:
-    from clbench.engine.optim import step_examples
+    from clbench.train.optim import step_examples
 
     items = list(range(10))
     epoch = [x for step in range(5) for x in step_examples(items, 2, step, seed=0)]
@@ -103,7 +103,7 @@ def test_step_examples_visit_every_item_once_per_epoch_in_seeded_order() -> None
 
 
 def test_lr_schedules_by_hand() -> None:
-    from clbench.engine.optim import lr_factor
+    from clbench.train.optim import lr_factor
 
     # warm-up as verl and transformers schedule it: step s of W takes s / W of the peak
     assert [lr_factor(s, 10, 2, "constant") for s in range(4)] == [0.0, 0.5, 1.0, 1.0]
@@ -118,7 +118,7 @@ def test_lr_schedules_by_hand() -> None:
 
 
 def test_weight_decay_spares_biases_and_norms_and_clipping_reports_the_raw_norm() -> None:
-    from clbench.engine.optim import OptimizerSettings, build_optimizer, clip_gradients
+    from clbench.train.optim import OptimizerSettings, build_optimizer, clip_gradients
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
     optimizer = build_optimizer(model, OptimizerSettings(weight_decay=0.1), lr=1e-3)
@@ -137,8 +137,8 @@ def test_sft_trains_on_what_follows_the_start_of_the_response_the_prompt_holds()
     from types import SimpleNamespace
 
     from clbench.models import build_char_tokenizer
-    from clbench.registry import build_task
-    from clbench.specs import TaskSpec
+    from clbench.plugins.registry import build_task
+    from clbench.spec.schema import TaskSpec
     from clbench.tasks.base import THINK_PREFIX
     from clbench_methods.sft import SFT
 

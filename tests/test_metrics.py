@@ -10,7 +10,7 @@ import pytest
 
 from clbench.metrics import continual as cm
 from clbench.metrics.continual import Column, MatrixError, Variants, compute_metrics
-from clbench.specs import MetricVariants, ProtocolSpec
+from clbench.spec.schema import MetricVariants, ProtocolSpec
 
 NAN = float("nan")
 # The notes' example has stages 1..3 as rows and no base row; the base row is unknown here (NaN)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_protocol import SUITE, run_cli, write_suite
 
 
@@ -49,8 +48,8 @@ def test_the_exported_model_is_the_runs_last_student(tmp_path: Path) -> None:
 
 
 def test_export_refusals(tmp_path: Path) -> None:
-    from clbench.model_export import export_model
-    from clbench.rundir import RunDirError
+    from clbench.run.model_export import export_model
+    from clbench.run.rundir import RunDirError
 
     with pytest.raises(RunDirError, match="not a run folder"):
         export_model(tmp_path, tmp_path / "model")

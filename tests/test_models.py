@@ -16,7 +16,7 @@ from clbench.models import (
     resolve_device,
     resolve_dtype,
 )
-from clbench.specs import ModelSpec
+from clbench.spec.schema import ModelSpec
 
 
 def test_tiny_model_is_deterministic_per_seed_and_differs_across_seeds() -> None:

@@ -6,8 +6,9 @@ import re
 
 import pytest
 
-from clbench.spec_reading import SpecError, apply_override, parse_override, parse_path
-from clbench.suites import build_run_spec, load_suite, split_overrides
+from clbench.plugins.runspec import build_run_spec
+from clbench.spec.reading import SpecError, apply_override, parse_override, parse_path
+from clbench.spec.suites import load_suite, split_overrides
 
 
 @pytest.mark.parametrize(("text", "path", "value"), [
@@ -128,7 +129,7 @@ def test_build_run_spec_errors_carry_the_path(write_suite, fake_plugins, overrid
 
 
 def test_build_run_spec_unknown_method(write_suite, fake_plugins) -> None:
-    from clbench.registry import PluginError
+    from clbench.plugins.registry import PluginError
 
     with pytest.raises(PluginError, match="unknown method 'fake-metod'. Did you mean "
                                           "'fake-method'?"):

@@ -52,8 +52,7 @@ def test_a_wheel_ships_the_named_suites_and_the_task_data(tmp_path: Path) -> Non
 
 def test_named_suites_are_found_where_clbench_suites_is_installed() -> None:
     import clbench_suites
-
-    from clbench.suites import resolve_suite, suite_dirs
+    from clbench.spec.suites import resolve_suite, suite_dirs
 
     shipped = Path(clbench_suites.__file__).resolve().parent
     assert shipped in [d.resolve() for d in suite_dirs()]

@@ -19,11 +19,11 @@ import torch
 from click.testing import CliRunner
 from pydantic import Field
 
-from clbench import registry
-from clbench.engine.api import Method, MethodConfig, StageContext, StageReport
-from clbench.engine.rollout import encode_chat
+from clbench.plugins import registry
 from clbench.results import read_results
 from clbench.tasks.base import Example, Grade, TaskParams, TaskSource
+from clbench.train.api import Method, MethodConfig, StageContext, StageReport
+from clbench.train.rollout import encode_chat
 
 # ---------------------------------------------------------------------------------------------
 # Plugins (also used by test_resume.py, in a subprocess)
@@ -243,7 +243,7 @@ def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("stopped_in", ["fill_metrics", "print_summary"])
 def test_ctrl_c_after_the_last_row_says_whether_the_run_completed(tmp_path: Path, monkeypatch,
                                                                   stopped_in: str) -> None:
-    from clbench import protocol
+    from clbench.run import protocol
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 2"))
     out = tmp_path / "run"
@@ -277,8 +277,8 @@ def test_ctrl_c_after_the_last_row_says_whether_the_run_completed(tmp_path: Path
 
 
 def test_sweep_skips_complete_runs_and_report_aggregates(tmp_path: Path) -> None:
-    from clbench.sweep import sweep
-    from clbench.reporting import report
+    from clbench.report.runs import report
+    from clbench.sweep.grid import sweep
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     root = tmp_path / "grid"
@@ -307,8 +307,9 @@ def test_report_command_on_a_finished_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--out", str(out),
                     "--device", "cpu"]).exit_code == 0
-    from clbench.reporting import report
     from rich.console import Console
+
+    from clbench.report.runs import report
 
     console = Console(record=True, width=200)
     data = report([out], console=console)
@@ -331,7 +332,7 @@ def test_report_shows_every_metric_and_leaves_out_unreadable_results(tmp_path: P
     from rich.console import Console
 
     from clbench.errors import UserError
-    from clbench.reporting import report
+    from clbench.report.runs import report
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1").replace(
         "  eval_size: 6\n", "  eval_size: 6\n  metrics: [acc, op, bwt, intransigence]\n"))
@@ -360,7 +361,7 @@ def test_report_shows_every_run_before_refusing_a_comparison_of_two_runs_of_a_se
     from rich.console import Console
 
     from clbench.errors import UserError
-    from clbench.reporting import report
+    from clbench.report.runs import report
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     root = tmp_path / "grid"
@@ -407,7 +408,7 @@ def test_report_and_sweep_commands_through_the_cli(tmp_path: Path) -> None:
     assert f"| acc ↑ | {acc:.3f} | {result.metrics['acc'].variant} |" in lines
     assert any(line.startswith(f"| test.echo-sft | {acc:.3f} (n=1) |") for line in lines)
     assert any(line.startswith("| test.echo-sft | cpu | 1 | 0:00:") for line in lines)  # cost
-    from clbench.reporting import markdown_report
+    from clbench.report.runs import markdown_report
 
     odd = result.model_copy(deep=True)  # names a table must not break on
     odd.columns[0].name, odd.row_labels[0] = "a|b\nc", "base\nline"
@@ -460,7 +461,7 @@ def test_diagnostics_not_yet_available_are_refused_not_silently_skipped(tmp_path
     assert plan.exit_code == 2 and "protocol.diagnostics: Value error, ['weight_drift']: drift " \
         "and collapse diagnostics are not available" in plan.output.replace("\n", " ")
     suite = tmp_path / "with-diagnostics.yaml"
-    from clbench.suites import resolve_suite
+    from clbench.spec.suites import resolve_suite
     suite.write_text(resolve_suite("smoke").read_text().replace(
         "protocol:\n", "protocol:\n  diagnostics: [artifacts]\n"))
     assert "diagnostics: [artifacts]" in suite.read_text()

@@ -7,11 +7,11 @@ import importlib.metadata
 import pytest
 from conftest import FakeAddition, FakeMethod
 
-from clbench import registry
 from clbench.errors import UserError
-from clbench.registry import PluginError, StaticEntryPoint
-from clbench.spec_reading import SpecError
-from clbench.specs import MethodSpec, TaskSpec
+from clbench.plugins import registry
+from clbench.plugins.registry import PluginError, StaticEntryPoint
+from clbench.spec.reading import SpecError
+from clbench.spec.schema import MethodSpec, TaskSpec
 
 M, T = registry.METHODS_GROUP, registry.TASKS_GROUP
 

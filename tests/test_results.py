@@ -24,8 +24,8 @@ from clbench.results import (
     read_results,
     write_results,
 )
-from clbench.specs import MethodSpec, ModelSpec, RunSpec
-from clbench.suites import load_suite
+from clbench.spec.schema import MethodSpec, ModelSpec, RunSpec
+from clbench.spec.suites import load_suite
 
 
 @pytest.fixture
@@ -303,7 +303,7 @@ def test_atomic_dir_puts_the_old_folder_back_when_the_new_one_cannot_go_in(tmp_p
 def test_compute_summary_reads_out_the_cost_of_a_run() -> None:
     from types import SimpleNamespace
 
-    from clbench.reporting import compute_summary
+    from clbench.report.runs import compute_summary
     from clbench.results import Compute
 
     cpu = Compute(tokens={"generated_tokens": 31732, "trained_tokens": 15852, "rollouts": 768,

@@ -179,7 +179,7 @@ def test_a_stop_request_mid_stage_keeps_completed_stages(tmp_path: Path, sig: in
 
 
 def test_stop_message_names_what_is_saved(tmp_path: Path) -> None:
-    from clbench.rundir import saved_rows
+    from clbench.run.rundir import saved_rows
 
     assert saved_rows(0, tmp_path) == (f"no row was complete yet (row 0, the base model, was being "
                                        f"evaluated) in {tmp_path}")
@@ -209,9 +209,9 @@ def test_report_says_where_a_run_that_is_not_complete_stands(tmp_path: Path) -> 
     from rich.console import Console
     from test_protocol import SUITE, run_cli, write_suite
 
-    from clbench.reporting import report
+    from clbench.report.runs import report
     from clbench.results import write_results
-    from clbench.rundir import lock_run_dir
+    from clbench.run.rundir import lock_run_dir
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     out = tmp_path / "run"
@@ -260,14 +260,15 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
+    from rich.console import Console
     from test_protocol import PLUGINS, write_suite
 
-    from clbench import registry, rows
-    from clbench.evaluation import read_records, records_path, write_records
+    from clbench.eval.column import read_records, records_path, write_records
     from clbench.models import load_model
+    from clbench.plugins import registry
+    from clbench.plugins.runspec import build_run_spec
     from clbench.progress import run_progress
-    from clbench.suites import build_run_spec
-    from rich.console import Console
+    from clbench.run import rows
 
     with registry.extra_plugins(**PLUGINS):
         run = build_run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
@@ -315,13 +316,14 @@ def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
     must not fail on it, and the saved NaN must come back as NaN."""
     import math
 
+    from rich.console import Console
     from test_protocol import PLUGINS, write_suite
 
-    from clbench import registry, rows
-    from clbench.evaluation import CellResult, ItemRecord
+    from clbench.eval.column import CellResult, ItemRecord
+    from clbench.plugins import registry
+    from clbench.plugins.runspec import build_run_spec
     from clbench.progress import run_progress
-    from clbench.suites import build_run_spec
-    from rich.console import Console
+    from clbench.run import rows
 
     with registry.extra_plugins(**PLUGINS):
         run = build_run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,

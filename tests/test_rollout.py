@@ -4,9 +4,9 @@ tokens."""
 from __future__ import annotations
 
 import pytest
-
-from clbench.engine.rollout import HFGenerator, SamplingParams, encode_chat, finish_completion
 from toy import one_thread, tiny
+
+from clbench.train.rollout import HFGenerator, SamplingParams, encode_chat, finish_completion
 
 PROMPTS = [[{"role": "user", "content": "hi"}],
            [{"role": "user", "content": "a much longer prompt than the first one"}],
@@ -118,7 +118,7 @@ def test_finish_completion_takes_the_earliest_of_eos_and_stop():
 
 
 def test_sampling_params_validate_and_follow_budgets():
-    from clbench.specs import Budget, DecodingSpec
+    from clbench.spec.schema import Budget, DecodingSpec
 
     params = SamplingParams.from_budget(Budget(steps=1, samples_per_prompt=8, max_new_tokens=48,
                                                temperature=0.7), seed=2)
@@ -180,7 +180,7 @@ def test_under_mixed_precision_generation_casts_weights_once_with_the_same_outpu
 
     import torch
 
-    from clbench.engine import rollout
+    from clbench.train import rollout
 
     model, tok = model_and_tokenizer
     cache_on: list[bool] = []
@@ -224,7 +224,7 @@ def test_a_generation_after_an_update_sees_the_new_weights_not_a_cached_cast():
 
 def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_draw(
         model_and_tokenizer, monkeypatch):
-    from clbench.engine import decoding
+    from clbench.train import decoding
 
     model, tok = model_and_tokenizer
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from clbench import registry
+from clbench.plugins import registry
+from clbench.plugins.runspec import build_run_spec
 from clbench.results import RESULTS_FILENAME, Cell, new_result, read_results, write_results
-from clbench.rundir import IDENTITY_FILE, RunDirError, check_run_dir, run_identity
-from clbench.suites import build_run_spec
+from clbench.run.rundir import IDENTITY_FILE, RunDirError, check_run_dir, run_identity
 
 
 def _run(tmp_path: Path, *overrides: str):
@@ -119,7 +119,7 @@ def test_a_changed_budget_is_named_not_hashed(tmp_path: Path) -> None:
     with pytest.raises(RunDirError) as err:
         check_run_dir(tmp_path / "run", run_identity(versioned, config), resume=True)
     assert f"""add --set 'version="{run.suite.version}"'; or""" in str(err.value)
-    from clbench.spec_reading import parse_override
+    from clbench.spec.reading import parse_override
     assert parse_override(f'version="{run.suite.version}"')[1] == run.suite.version
     with pytest.raises(RunDirError) as err:  # the default metrics: too long a list to type
         check_run_dir(tmp_path / "run", run_identity(*_run(tmp_path, "protocol.metrics=[acc]")),
@@ -192,7 +192,7 @@ def test_a_run_another_process_is_running_is_refused(tmp_path: Path) -> None:
     refused while the first holds the folder, and proceeds once it is released."""
     from test_protocol import SUITE, run_cli, write_suite
 
-    from clbench.rundir import LOCK_FILE, lock_run_dir
+    from clbench.run.rundir import LOCK_FILE, lock_run_dir
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     out = tmp_path / "run"
@@ -236,7 +236,7 @@ def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
     the broadcast: a rank left waiting in it while the main one raised would hang the launch."""
     from test_protocol import SUITE, run_cli, write_suite
 
-    from clbench import protocol
+    from clbench.run import protocol
 
     def unlockable(run_dir: Path) -> None:
         raise PermissionError(13, "Permission denied", str(run_dir / ".running"))
@@ -364,7 +364,7 @@ def test_a_locked_read_only_run_folder_is_probed_without_writing(tmp_path: Path,
     process."""
     import os
 
-    from clbench.rundir import LOCK_FILE, lock_run_dir
+    from clbench.run.rundir import LOCK_FILE, lock_run_dir
 
     run, config = _run(tmp_path)
     folder = tmp_path / "run"
@@ -398,7 +398,7 @@ def test_a_locked_read_only_run_folder_is_probed_without_writing(tmp_path: Path,
 
 @pytest.mark.parametrize("case", ["running", "checkpoint", "unreadable results", "complete"])
 def test_no_delete_hint_for_a_folder_that_may_hold_something(tmp_path: Path, case: str) -> None:
-    from clbench.rundir import LOCK_FILE, lock_run_dir
+    from clbench.run.rundir import LOCK_FILE, lock_run_dir
 
     run, config = _run(tmp_path)
     other = build_run_spec("smoke", "sft", seed=1, out_dir=tmp_path / "run")

@@ -7,15 +7,10 @@ from pathlib import Path
 import pytest
 
 from clbench.errors import UserError
-from clbench.spec_reading import SpecError
-from clbench.specs import SuiteSpec
-from clbench.suites import (
-    SuiteNotFoundError,
-    list_suites,
-    load_suite,
-    resolve_suite,
-    validate_suite_plugins,
-)
+from clbench.plugins.runspec import validate_suite_plugins
+from clbench.spec.reading import SpecError
+from clbench.spec.schema import SuiteSpec
+from clbench.spec.suites import SuiteNotFoundError, list_suites, load_suite, resolve_suite
 
 
 def error_of(path: Path, overrides: tuple[str, ...] = ()) -> str:
@@ -319,7 +314,7 @@ def test_every_lower_is_better_metric_lm_eval_registers_is_refused_as_a_probe_sc
     importlib.import_module("lm_eval.api.metrics")  # registers the metrics
     from lm_eval.api.registry import HIGHER_IS_BETTER_REGISTRY
 
-    from clbench.specs import LOWER_IS_BETTER_LM_EVAL_METRICS
+    from clbench.spec.schema import LOWER_IS_BETTER_LM_EVAL_METRICS
 
     lower = {name for name, higher in HIGHER_IS_BETTER_REGISTRY.items() if higher is False}
     assert lower and lower <= LOWER_IS_BETTER_LM_EVAL_METRICS
@@ -329,7 +324,8 @@ def test_validate_checks_that_offline_sources_can_give_the_items_asked(write_sui
     """A train or eval size beyond what a generated source can draw, or a training stage on an
     evaluation-only source, is a validation error (not a failure after row 0)."""
     from clbench.errors import UserError
-    from clbench.suites import load_suite, validate_suite_plugins
+    from clbench.plugins.runspec import validate_suite_plugins
+    from clbench.spec.suites import load_suite
 
     text = resolve_suite("smoke").read_text()
     path = write_suite(text.replace("train_size: 32\n      eval_size: 8\n    budget: {steps: 2",

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 from toy import LowercaseTask
 
-from clbench import registry
 from clbench.cli import cli
-from clbench.engine.api import StageContext, StageReport
+from clbench.plugins import registry
 from clbench.results import read_results
+from clbench.train.api import StageContext, StageReport
 
 STOP: dict[str, Any] = {"at": None}  # (stage, 1-based step): Ctrl-C once that step is logged
 
@@ -172,7 +172,7 @@ import os, sys
 sys.path.insert(0, {here!r})
 from toy import LowercaseTask
 from test_step_checkpoints import STOP, stopping
-from clbench import registry
+from clbench.plugins import registry
 from clbench.cli import cli
 
 if os.environ.get("CLBENCH_TEST_STOP_AT"):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from clbench.engine import supervision as sv
 from clbench.models import build_char_tokenizer
 from clbench.tasks.base import default_answer_start
-from clbench.tasks.math import boxed_answer_start
+from clbench.tasks.math.generated import boxed_answer_start
+from clbench_methods.sdpo import supervision as sv
 
 
 @pytest.fixture(scope="module")
@@ -195,8 +195,11 @@ def test_bisected_boundary_equals_the_exact_definition_for_every_answer_start(bp
         decoded = tok.decode(ids, skip_special_tokens=True)
         ends = sv.token_char_ends(tok, ids)
         for a in range(len(decoded) + 1):
-            exact = sv.supervision_mask(decoded, ends, "final_line", lambda t: a, closing_tokens=1)
-            fast = sv.completion_supervision(tok, decoded, ids, "final_line", lambda t: a)
+            def answer_at(text: str, a: int = a) -> int:
+                return a
+
+            exact = sv.supervision_mask(decoded, ends, "final_line", answer_at, closing_tokens=1)
+            fast = sv.completion_supervision(tok, decoded, ids, "final_line", answer_at)
             assert fast == exact, (tok, a)
 
 

@@ -21,16 +21,16 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
-from clbench import sweep as sweep_module
-from clbench import sweep_children
 from clbench.cli import cli
 from clbench.errors import UserError, terminate_as_interrupt
-from clbench.protocol import RunInterrupted
+from clbench.plugins.runspec import build_run_spec
 from clbench.results import read_results, write_results
-from clbench.suites import build_run_spec
-from clbench.sweep import sweep
-from clbench.engine import cpu
-from clbench.sweep_children import ChildLauncher, threads_per_child
+from clbench.run.protocol import RunInterrupted
+from clbench.sweep import children as sweep_children
+from clbench.sweep import grid as sweep_module
+from clbench.sweep.children import ChildLauncher, threads_per_child
+from clbench.sweep.grid import sweep
+from clbench.train import cpu
 
 SEEDS = (0, 1)
 
@@ -357,7 +357,8 @@ def test_sigterm_stops_every_child_and_exits_143(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
     assert sweep_process.returncode == 143, (out, err)
     assert not [pid for pid in children if _alive(pid)]
-    assert "terminated; what every run had done is saved" in err and "Continue with the same command" in err
+    assert "terminated; what every run had done is saved" in err
+    assert "Continue with the same command" in err
     assert out.count("interrupted") >= 2  # both children, in the final table
     for seed in SEEDS:
         result = read_results(run_dir(root, seed) / "results.json")
@@ -372,7 +373,7 @@ def test_a_sweep_without_a_terminal_says_each_finished_stage(tmp_path: Path) -> 
     import json
     from types import SimpleNamespace
 
-    from clbench.sweep_children import Child, stage_news
+    from clbench.sweep.children import Child, stage_news
 
     def child(seed: int, rows: int | None, state: str = "running") -> Child:
         out = tmp_path / f"s{seed}"

@@ -11,8 +11,14 @@ import pytest
 from clbench.errors import UserError
 from clbench.tasks.base import TaskSizeError
 from clbench.tasks.grading import warm_up_verifier
-from clbench.tasks.math import (NO_BOXED_FEEDBACK, Arithmetic, LinearEquations, WordProblems,
-                                boxed_answer_start, grade_boxed)
+from clbench.tasks.math.generated import (
+    NO_BOXED_FEEDBACK,
+    Arithmetic,
+    LinearEquations,
+    WordProblems,
+    boxed_answer_start,
+    grade_boxed,
+)
 
 SOURCES = [
     (Arithmetic, {}),
@@ -75,7 +81,7 @@ def test_arithmetic_respects_digits_operands_and_precedence() -> None:
         expr = re.search(r"What is (.*)\?", e.messages[-1]["content"]).group(1)
         numbers = re.findall(r"\d+", expr)
         assert len(numbers) == 4 and all(len(n) == 3 for n in numbers)
-        python_value = eval(expr.replace("×", "*"))  # noqa: S307 - test oracle on digits/+*
+        python_value = eval(expr.replace("×", "*"))
         assert e.answer == str(python_value)
 
 
@@ -85,9 +91,9 @@ def test_linear_equation_answers_solve_the_equation() -> None:
         left, right = eq.split(" = ")
         x = int(e.answer)
 
-        def value(side: str) -> int:
+        def value(side: str, x: int = x) -> int:
             side = re.sub(r"(\d)x", r"\1*x", side).replace("-x", "-1*x")
-            return eval(side, {"x": x})  # noqa: S307 - test oracle
+            return eval(side, {"x": x})
 
         assert value(left) == value(right)
 
@@ -210,8 +216,8 @@ def test_the_reasoning_format_writes_the_same_items_differently(source: str, par
     <think>...</think>, the answer after it, and the prompt opens the block of the response to
     write), never which items are drawn: a suite that adds it keeps its items, and every
     reference, and what the model writes of it after the opened block, earns reward 1."""
-    from clbench.registry import build_task
-    from clbench.specs import TaskSpec
+    from clbench.plugins.registry import build_task
+    from clbench.spec.schema import TaskSpec
     from clbench.tasks.base import THINK_PREFIX, continuation, response_prefix
 
     plain = build_task(TaskSpec(source=source, params=params)).examples("train", 7, 12)
@@ -220,7 +226,7 @@ def test_the_reasoning_format_writes_the_same_items_differently(source: str, par
     assert [e.id for e in think] == [e.id for e in plain]
     for p, t in zip(plain, think):
         assert "<think>" not in p.reference and t.reference.startswith("<think>\n")
-        working, answer = t.reference[len("<think>\n"):].split("\n</think>\n")
+        _working, answer = t.reference[len("<think>\n"):].split("\n</think>\n")
         assert p.reference.endswith(answer) and "</think>" not in answer
         assert t.messages[-1] == {"role": "assistant", "content": THINK_PREFIX}
         assert response_prefix(t.messages) == THINK_PREFIX and response_prefix(p.messages) == ""

@@ -4,6 +4,7 @@ correct, and the free-form and multiple-choice grader truth tables."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections import Counter
 from pathlib import Path
@@ -11,9 +12,15 @@ from pathlib import Path
 import pytest
 
 from clbench.tasks.grading import warm_up_verifier
-from clbench.tasks.chemistry import compounds, elements, formula_counts, molar_mass
-from clbench.tasks.science import (FAMILIES, MCQ, NO_ANSWER_FEEDBACK, NO_CHOICE_FEEDBACK, Facts,
-                                   grade_choice)
+from clbench.tasks.science.chemistry import compounds, elements, formula_counts, molar_mass
+from clbench.tasks.science.generated import (
+    FAMILIES,
+    MCQ,
+    NO_ANSWER_FEEDBACK,
+    NO_CHOICE_FEEDBACK,
+    Facts,
+    grade_choice,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Tables
@@ -30,7 +37,7 @@ def test_element_table_is_the_whole_periodic_table() -> None:
     assert by_symbol["Fe"].molar_mass == pytest.approx(55.845)
     assert by_symbol["Tc"].molar_mass is None          # no stable isotope, no standard weight
     # Standard atomic weights grow with Z except for the classic inversions.
-    inversions = {(e.symbol, f.symbol) for e, f in zip(table, table[1:])
+    inversions = {(e.symbol, f.symbol) for e, f in itertools.pairwise(table)
                   if e.molar_mass and f.molar_mass and f.molar_mass < e.molar_mass}
     assert inversions == {("Ar", "K"), ("Co", "Ni"), ("Te", "I"), ("Th", "Pa")}
 
@@ -238,7 +245,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.mark.parametrize("suite_file", ["smoke.yaml", "starter.yaml", "paper.yaml"])
 def test_shipped_suite_validates_with_its_plugins(suite_file: str) -> None:
-    from clbench.suites import load_suite, validate_suite_plugins
+    from clbench.plugins.runspec import validate_suite_plugins
+    from clbench.spec.suites import load_suite
 
     path = REPO / "suites" / suite_file
     suite = load_suite(path)
@@ -249,8 +257,8 @@ def test_shipped_suite_validates_with_its_plugins(suite_file: str) -> None:
 @pytest.mark.parametrize("suite_file", ["smoke.yaml", "starter.yaml"])
 def test_offline_suite_columns_can_draw_their_items(suite_file: str) -> None:
     """Every column draws its train and eval sizes without running out of distinct items."""
-    from clbench.registry import build_task
-    from clbench.suites import load_suite
+    from clbench.plugins.registry import build_task
+    from clbench.spec.suites import load_suite
 
     suite = load_suite(REPO / "suites" / suite_file)
     for stage in suite.stages:

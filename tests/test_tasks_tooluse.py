@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 
 from clbench.errors import UserError
-from clbench.tasks import bfcl
-from clbench.tasks.bfcl import BFCLMultiple, BFCLParallel, BFCLSimple
-from clbench.tasks.toolalpaca import ToolAlpaca, toolalpaca_schema
-from clbench.tasks.tooluse import (GeneratedTools, GeneratedToolsUnseen, ToolUseError, draw_slot,
-                                   load_families)
+from clbench.tasks.tool_use import bfcl
+from clbench.tasks.tool_use.bfcl import BFCLMultiple, BFCLParallel, BFCLSimple
+from clbench.tasks.tool_use.generated import (
+    GeneratedTools,
+    GeneratedToolsUnseen,
+    ToolUseError,
+    draw_slot,
+    load_families,
+)
+from clbench.tasks.tool_use.toolalpaca import ToolAlpaca, toolalpaca_schema
 
 FIXTURES = Path(__file__).parent / "fixtures" / "toolalpaca"
 TRAIN_FILE = str(FIXTURES / "train_sample.json")
@@ -89,7 +94,7 @@ def test_every_generated_item_refuses_a_wrong_call_with_the_right_feedback(sourc
         schema = next(s for s in ex.answer["schemas"] if s["name"] == call["name"])
         props, required = schema["parameters"]["properties"], schema["parameters"]["required"]
 
-        def grade(changed: dict) -> tuple[bool, str | None]:
+        def grade(changed: dict, ex=ex) -> tuple[bool, str | None]:
             g = task.grade(ex, json.dumps(changed))
             return g.correct, g.feedback
 
@@ -110,7 +115,7 @@ def test_every_generated_item_refuses_a_wrong_call_with_the_right_feedback(sourc
 def test_generated_prompt_shape_and_knobs() -> None:
     task = GeneratedTools({"n_functions": 4, "demo_same_function": 0.0})
     for ex in task.examples("eval", 0, 50):
-        system, demo_user, demo_call, user = ex.messages
+        system, _demo_user, demo_call, _user = ex.messages
         assert [m["role"] for m in ex.messages] == ["system", "user", "assistant", "user"]
         listed = json.loads(system["content"].split("\n")[1])
         assert len(listed) == 4 and ex.metadata["function"] in {f["name"] for f in listed}

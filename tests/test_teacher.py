@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from clbench.engine import teacher as tm
+from clbench_methods.sdpo import teacher as tm
 
 PROMPT = [
     {"role": "system", "content": "Be brief."},
@@ -163,7 +163,7 @@ def _context(demo: str | None, feedback: str | None) -> tm.TeacherContext:
 
 
 def test_a_teacher_prompt_within_the_limit_is_left_as_it_is(char_tokenizer):
-    from clbench.engine.rollout import encode_chat
+    from clbench.train.rollout import encode_chat
 
     context = _context("Answer: 37", "36 is wrong")
     full = encode_chat(char_tokenizer, context.messages)
@@ -175,7 +175,7 @@ def test_a_teacher_prompt_within_the_limit_is_left_as_it_is(char_tokenizer):
 
 
 def test_a_long_demonstration_is_cut_from_its_end_and_the_rest_kept(char_tokenizer):
-    from clbench.engine.rollout import encode_chat
+    from clbench.train.rollout import encode_chat
 
     demo = "14 + 23: add the tens, then the units. " * 20 + "Answer: 37"
     context = _context(demo, "36 is wrong")
@@ -194,7 +194,7 @@ def test_a_long_demonstration_is_cut_from_its_end_and_the_rest_kept(char_tokeniz
 
 
 def test_when_no_demonstration_fits_the_feedback_is_kept_and_then_cut(char_tokenizer):
-    from clbench.engine.rollout import encode_chat
+    from clbench.train.rollout import encode_chat
 
     feedback = "36 is wrong: the units add to 7, not 6. " * 10
     only_feedback = encode_chat(char_tokenizer, _context(None, feedback).messages)
@@ -210,7 +210,7 @@ def test_when_no_demonstration_fits_the_feedback_is_kept_and_then_cut(char_token
 
 
 def test_a_prompt_too_long_without_privileged_text_gets_no_teacher(char_tokenizer):
-    from clbench.engine.rollout import encode_chat
+    from clbench.train.rollout import encode_chat
 
     bare = encode_chat(char_tokenizer, PROMPT)
     fitted, ids, cut = tm.fit_teacher_context(_context("Answer: 37", "36 is wrong"), PROMPT,
@@ -236,9 +236,9 @@ def test_the_three_feedback_modes(mode, wrong_value, no_answer, cut_off):
 
 
 def test_format_errors_are_what_the_graders_say_they_are():
-    from clbench.tasks.math import grade_boxed
-    from clbench.tasks.science import Facts
-    from clbench.tasks.tooluse import GeneratedTools
+    from clbench.tasks.math.generated import grade_boxed
+    from clbench.tasks.science.generated import Facts
+    from clbench.tasks.tool_use.generated import GeneratedTools
 
     assert grade_boxed("37", "the sum is 37").format_error
     assert not grade_boxed("37", "\\boxed{36}").format_error

@@ -15,7 +15,7 @@ import textwrap
 import uuid
 from pathlib import Path
 
-from clbench import registry
+from clbench.plugins import registry
 
 PYPROJECT = """\
 [build-system]
@@ -36,7 +36,7 @@ py-modules = ["{module}"]
 
 MODULE = '''\
 """A method that a third party ships."""
-from clbench.engine.api import Method, MethodConfig, StageReport
+from clbench.train.api import Method, MethodConfig, StageReport
 from pydantic import Field
 
 

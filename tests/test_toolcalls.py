@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from clbench.tasks.toolcall_parsing import MAX_CALLS, ToolCall, calls_start, parse_calls
-from clbench.tasks.toolcalls import check_calls, grade_calls, normalize_string, values_equal
+from clbench.tasks.tool_use.calls import check_calls, grade_calls, normalize_string, values_equal
+from clbench.tasks.tool_use.parsing import MAX_CALLS, ToolCall, calls_start, parse_calls
 
 WEATHER = {
     "name": "get_weather",

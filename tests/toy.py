@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
-from clbench.engine.api import StageContext
-from clbench.engine.onpolicy import Objective, OnPolicyTrainer, RolloutBatch
-from clbench.engine.rollout import Generator, Rollout, SamplingParams
 from clbench.models import load_model
-from clbench.specs import Budget
+from clbench.spec.schema import Budget
 from clbench.tasks.base import Example, Grade, Split, TaskParams, TaskSource, seeded_rng
+from clbench.train.api import StageContext
+from clbench.train.onpolicy import Objective, OnPolicyTrainer, RolloutBatch
+from clbench.train.rollout import Generator, Rollout, SamplingParams
 
 
 class LowercaseParams(TaskParams):
@@ -146,7 +146,7 @@ class RowNLL(Objective):
 
 def greedy_reward(model: Any, tokenizer: Any, task: TaskSource, n: int = 16) -> float:
     """Mean reward of greedy completions on `n` held-out toy items."""
-    from clbench.engine.rollout import HFGenerator, SamplingParams
+    from clbench.train.rollout import HFGenerator, SamplingParams
 
     items = task.examples("eval", seed=99, size=n)
     rollouts = HFGenerator(model, tokenizer, batch_size=n).generate(

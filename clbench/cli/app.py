@@ -50,7 +50,7 @@ def check_device(device: str) -> None:
     """Refuse a malformed --device before a suite is read (the spec applies the same rule)."""
     import re
 
-    from clbench.specs import DEVICE_PATTERN
+    from clbench.spec.schema import DEVICE_PATTERN
 
     if not re.match(DEVICE_PATTERN, device):
         raise UserError(f"--device {device!r}: expected auto, cpu, mps, cuda or cuda:N")

@@ -13,6 +13,7 @@ from clbench.cli.app import cli, parse_sets, stdout_console
 from clbench.errors import UserError
 from clbench.results import RESULTS_FILENAME, read_results
 
+
 @cli.command("export-lm-eval")
 @click.argument("out_dir", type=click.Path(file_okay=False))
 @click.option("--suite", "suite_ref", required=True, metavar="NAME|FILE",
@@ -32,8 +33,9 @@ def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) 
       lm_eval --model hf --model_args pretrained=models/starter-sdpo-s0 \\
           --include_path lmeval_tasks --tasks clbench_starter
     """
-    from clbench.lmeval_export import export_lm_eval
-    from clbench.suites import load_suite, resolve_suite, validate_suite_plugins
+    from clbench.eval.lmeval_export import export_lm_eval
+    from clbench.plugins.runspec import validate_suite_plugins
+    from clbench.spec.suites import load_suite, resolve_suite
 
     path = resolve_suite(suite_ref)
     suite = load_suite(path, parse_sets(sets))
@@ -62,7 +64,7 @@ def export_model_command(run_dir: str, out_dir: str) -> None:
     Example:
       clbench export-model runs/starter/sdpo/s0 models/starter-sdpo-s0
     """
-    from clbench.model_export import export_model
+    from clbench.run.model_export import export_model
 
     out, stage = export_model(run_dir, out_dir)
     note = ""

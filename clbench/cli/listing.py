@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from clbench.cli.app import ClbenchGroup, cli, parse_sets, stderr_console, stdout_console
 from clbench.errors import UserError
-from clbench.tables import UNLIMITED_WIDTH, print_uncut
+from clbench.report.tables import UNLIMITED_WIDTH, print_uncut
 
 # ---------------------------------------------------------------------------------------------
 # clbench list
@@ -28,15 +28,15 @@ def list_command(what: str) -> None:
     Example:
       clbench list methods
     """
-    from clbench import catalog
+    from clbench.plugins import catalog
 
     console = stdout_console()
     if what == "suites":
-        from clbench.suites import list_suites
+        from clbench.spec.suites import list_suites
 
         print_uncut(console, catalog.suites_table(list_suites()))
         return
-    from clbench import registry
+    from clbench.plugins import registry
 
     group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
     # into a pipe: one row per plugin, whatever width rich assumes there
@@ -60,7 +60,8 @@ def validate_command(files: tuple[str, ...]) -> None:
     Example:
       clbench validate suites/*.yaml
     """
-    from clbench.suites import load_suite, resolve_suite, validate_suite_plugins
+    from clbench.plugins.runspec import validate_suite_plugins
+    from clbench.spec.suites import load_suite, resolve_suite
 
     console, errors = stdout_console(), stderr_console()
     failed = 0
@@ -93,7 +94,7 @@ def schema_command(output: Path | None) -> None:
     Example:
       clbench schema --output suite.schema.json
     """
-    from clbench.specs import SuiteSpec
+    from clbench.spec.schema import SuiteSpec
 
     text = json.dumps(SuiteSpec.model_json_schema(), indent=2) + "\n"
     if output is None:
@@ -138,10 +139,10 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
       clbench tasks show math.arithmetic --n 3 --seed 0 --split eval
       clbench tasks show math.arithmetic --set digits=3 --set 'operators=+*'
     """
-    from clbench import catalog
-    from clbench.registry import build_task, load_task_class
-    from clbench.specs import TaskSpec
-    from clbench.suites import apply_overrides
+    from clbench.plugins import catalog
+    from clbench.plugins.registry import build_task, load_task_class
+    from clbench.spec.schema import TaskSpec
+    from clbench.spec.suites import apply_overrides
 
     params = apply_overrides({}, parse_sets(sets), example="digits=3")
     task = build_task(TaskSpec(source=name, params=params), where="params")
@@ -174,8 +175,8 @@ def methods_show_command(name: str) -> None:
     Example:
       clbench methods show sdpo
     """
-    from clbench import catalog
-    from clbench.registry import load_method_class
+    from clbench.plugins import catalog
+    from clbench.plugins.registry import load_method_class
 
     cls = load_method_class(name)
     console = stdout_console()

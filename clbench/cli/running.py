@@ -11,12 +11,12 @@ import click
 from rich.console import Console
 
 from clbench.cli.app import (
-    checkpoint_minutes_option,
-    not_empty,
     check_device,
+    checkpoint_minutes_option,
     cli,
     device_option,
     no_base_cache_option,
+    not_empty,
     parse_sets,
     stdout_console,
 )
@@ -73,9 +73,9 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
       clbench run --suite starter --method sdpo --seed 0 --joint
       clbench run --suite starter --method sdpo --plan --estimate
     """
-    from clbench import registry
-    from clbench.reporting import print_plan
-    from clbench.suites import build_run_spec
+    from clbench.plugins import registry
+    from clbench.plugins.runspec import build_run_spec
+    from clbench.report.runs import print_plan, print_summary
 
     check_device(device)
     run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
@@ -90,14 +90,18 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     if estimate:
         _print_estimate(run, console)
     elif plan_only:
-        from clbench.reporting import print_resolution
+        from clbench.report.runs import print_resolution
 
-        print_resolution(console, importlib.import_module("clbench.protocol").resolution(run))
+        print_resolution(console, importlib.import_module("clbench.run.protocol").resolution(run))
     if plan_only:
         return
     # Imported here so that listing, validating and planning stay quick (no torch import).
-    protocol = importlib.import_module("clbench.protocol")
-    protocol.execute(run, resume=resume, console=console)
+    protocol = importlib.import_module("clbench.run.protocol")
+    from clbench.train.distributed import launched_as_main
+
+    result = protocol.execute(run, resume=resume, console=console)
+    if launched_as_main():
+        print_summary(console, result)
 
 
 def _print_estimate(run: Any, console: Console) -> None:
@@ -105,9 +109,9 @@ def _print_estimate(run: Any, console: Console) -> None:
     the run's estimate."""
     import time
 
-    from clbench.reporting import print_estimate
+    from clbench.report.runs import print_estimate
 
-    protocol = importlib.import_module("clbench.protocol")
+    protocol = importlib.import_module("clbench.run.protocol")
     started = time.monotonic()
     with console.status("calibrating on this machine: loading the model") as status:
         estimate, resolved = protocol.estimate(
@@ -158,8 +162,8 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --device cuda --jobs 6
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --joint
     """
-    from clbench import sweep
-    from clbench.suites import load_suite, resolve_suite
+    from clbench.spec.suites import load_suite, resolve_suite
+    from clbench.sweep import grid as sweep
 
     check_device(device)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
@@ -196,7 +200,7 @@ def report_command(run_dirs: tuple[str, ...], as_json: bool, as_markdown: bool) 
       clbench report runs/starter/sdpo/s0 --json
       clbench report runs/starter --markdown > results.md
     """
-    from clbench import reporting
+    from clbench.report import runs as reporting
 
     if as_json and as_markdown:
         raise click.UsageError("--json and --markdown: choose one")

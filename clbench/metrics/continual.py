@@ -184,7 +184,7 @@ def forgetting(R: np.ndarray, variant: ForgettingVariant = "max") -> float:
     if T < 2:
         raise Undefined("needs at least 2 stages (no earlier task can be forgotten)")
     if variant == "max":
-        _need(R, [(l, j - 1) for j in range(1, T) for l in range(1, T)] +
+        _need(R, [(row, j - 1) for j in range(1, T) for row in range(1, T)] +
               [(T, j - 1) for j in range(1, T)])
         refs = [np.max(R[1:T, j - 1]) for j in range(1, T)]
     else:
@@ -227,7 +227,7 @@ def probe_delta(R: np.ndarray, probe_columns: Sequence[int],
 
 @dataclass(frozen=True)
 class Variants:
-    """Which published variant each metric uses (mirrors `clbench.specs.MetricVariants`)."""
+    """Which published variant each metric uses (mirrors `clbench.spec.schema.MetricVariants`)."""
 
     bwt: BwtVariant = "t_minus_1"
     fwt: FwtVariant = "base"
@@ -255,7 +255,7 @@ def compute_metrics(R: Any, columns: Sequence[Column | Mapping[str, Any] | Any],
                     metrics: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """Every requested metric as ``{name: {"value", "variant", ...}}``.
 
-    ``protocol`` may be a `clbench.specs.ProtocolSpec` (its ``metrics`` and ``variants`` are
+    ``protocol`` may be a `clbench.spec.schema.ProtocolSpec` (its ``metrics`` and ``variants`` are
     used), a :class:`Variants`, or ``None`` (defaults, all metrics). ``joint`` enables
     intransigence; ``fwt_reference`` replaces the base row as FWT's b. ``value`` is ``None``
     when the metric is undefined, with ``note`` saying why. ``op`` and ``intransigence`` also

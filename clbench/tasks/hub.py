@@ -10,9 +10,8 @@ seeded selection, and clear errors when a dataset cannot be reached.
 
 from __future__ import annotations
 
-from abc import abstractmethod
-
 import hashlib
+from abc import abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -102,7 +101,7 @@ def load_records(path: str | None, name: str | None, split: str, revision: str |
             ds = datasets.load_dataset(path, name, split=split, revision=revision)
     except HubDataError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any loading failure is reported the same way
+    except Exception as exc:
         where = f"local files {data_files}" if data_files is not None else (
             f"hub dataset {path}" + (f" ({name})" if name else "") + f", split {split!r}")
         raise HubDataError(

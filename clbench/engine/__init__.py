@@ -1,1 +1,0 @@
-"""The shared training engine: models, rollouts, log-probs, losses, teachers."""

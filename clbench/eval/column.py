@@ -1,0 +1,162 @@
+"""Evaluation of one column of the accuracy matrix: a task's eval items -> completions -> grades.
+
+The same code path serves every method and every row: the items come from the task source, the
+completions from a generation function built with the protocol's decoding (greedy by default),
+the grades from the task's own grader. A cell's score is the fraction of items graded correct
+(the "accuracy" of the accuracy matrix); the mean reward, the item count and a bootstrap interval
+over items travel with it, and the per-item records are kept so every number can be traced to
+the completions behind it.
+
+lm-eval probes (general ability) are scored by :mod:`clbench.eval.lmeval` instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clbench.atomic import atomic_write_text
+from clbench.metrics.aggregate import bootstrap_interval
+from clbench.tasks.base import Example, Messages, TaskSource
+
+if TYPE_CHECKING:
+    from clbench.progress import AnyProgress
+    from clbench.spec.schema import DecodingSpec
+
+#: Generates one completion per chat prompt, in order. Built by :func:`make_generate_fn`.
+GenerateFn = Callable[[Sequence[Messages]], list[str]]
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """One graded evaluation item: enough to re-check any cell by hand."""
+
+    id: str
+    completion: str
+    reward: float
+    correct: bool
+    feedback: str | None = None
+
+
+@dataclass
+class CellResult:
+    """One cell of R: the score and what stands behind it."""
+
+    column: str
+    score: float | None                      # fraction correct; None when there are no items
+    mean_reward: float | None
+    n: int
+    interval: dict[str, Any] | None          # bootstrap interval of `score` over items
+    records: list[ItemRecord] = field(default_factory=list)
+    source: str = "task"                     # "task" or "lm_eval"
+
+    def summary(self) -> dict[str, Any]:
+        """The cell without its records (what results.json stores)."""
+        return {"column": self.column, "score": self.score, "mean_reward": self.mean_reward,
+                "n": self.n, "interval": self.interval, "source": self.source}
+
+
+def evaluate_column(column: str, task: TaskSource, examples: Sequence[Example],
+                    generate: GenerateFn, *, batch_size: int, bootstrap_samples: int = 1000,
+                    bootstrap_seed: int = 0, progress: AnyProgress | None = None,
+                    description: str | None = None) -> CellResult:
+    """Generate a completion for every example in batches (of prompts of similar length),
+    grade each, and summarise the cell.
+
+    ``progress`` (what :func:`clbench.progress.run_progress` gives) gets one task advanced per
+    batch. Grader exceptions are not swallowed: a grader that raises is a bug in the task source.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    graded: dict[int, ItemRecord] = {}
+    bar = progress.add_task(description or f"eval {column}", total=len(examples)) \
+        if progress is not None else None
+    # Longest prompts first, so a batch holds prompts of similar length (less padding to
+    # prefill, and the largest batch comes first); the records keep the items' order.
+    order = sorted(range(len(examples)), key=lambda i: -prompt_chars(examples[i].messages))
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        completions = generate([examples[i].messages for i in batch])
+        if len(completions) != len(batch):
+            raise RuntimeError(f"generator returned {len(completions)} completions for "
+                               f"{len(batch)} prompts")
+        for i, completion in zip(batch, completions):
+            ex = examples[i]
+            grade = task.grade(ex, completion)
+            graded[i] = ItemRecord(ex.id, completion, float(grade.reward), bool(grade.correct),
+                                   grade.feedback)
+        if bar is not None:
+            assert progress is not None
+            progress.advance(bar, len(batch))
+    if bar is not None:
+        assert progress is not None
+        progress.remove_task(bar)
+    records = [graded[i] for i in range(len(examples))]
+    return summarise_cell(column, records, bootstrap_samples, bootstrap_seed)
+
+
+def prompt_chars(messages: Messages) -> int:
+    """A prompt's length in characters: within a column, a stand-in for its length in tokens."""
+    return sum(len(str(m.get("content", ""))) for m in messages)
+
+
+def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples: int = 1000,
+                   bootstrap_seed: int = 0) -> CellResult:
+    """Score, mean reward, count and bootstrap interval of a list of graded items."""
+    n = len(records)
+    if n == 0:
+        return CellResult(column, None, None, 0, None, [])
+    correct = [1.0 if r.correct else 0.0 for r in records]
+    interval = bootstrap_interval(correct, samples=bootstrap_samples, seed=bootstrap_seed)
+    return CellResult(column, sum(correct) / n, sum(r.reward for r in records) / n, n,
+                      interval.as_dict() if interval else None, list(records))
+
+
+def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
+                     seed: int = 0) -> GenerateFn:
+    """A generation function for evaluation with the protocol's decoding.
+
+    Prompts go through the engine's generator (the same chat encoding, EOS handling and padding
+    as training rollouts), one completion each. Greedy decoding (temperature 0) ignores ``seed``;
+    sampled evaluation is seeded so a row is reproducible: the n-th call samples with a seed
+    derived from (``seed``, n), so the batches of a column draw different random numbers.
+    """
+    import dataclasses
+    import itertools
+
+    from clbench.seeding import derive_seed
+    from clbench.train.rollout import HFGenerator, SamplingParams
+
+    generator = HFGenerator(model, tokenizer, batch_size=decoding.batch_size)
+    params = SamplingParams.from_decoding(decoding, seed=seed)
+    calls = itertools.count()
+
+    def generate(prompts: Sequence[Messages]) -> list[str]:
+        call = dataclasses.replace(params, seed=derive_seed(seed, next(calls)))
+        return [r.text for r in generator.generate(list(prompts), call)]
+
+    return generate
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-item records on disk: one JSONL file per (row, column)
+# ---------------------------------------------------------------------------------------------
+
+def records_path(run_dir: Path, row: int, column: str) -> Path:
+    """`<run_dir>/items/row{row}/{column}.jsonl`."""
+    return Path(run_dir) / "items" / f"row{row}" / f"{column}.jsonl"
+
+
+def write_records(path: Path, records: Sequence[ItemRecord]) -> None:
+    """Write the records as JSONL atomically (a reader never sees half a file)."""
+    atomic_write_text(path, "".join(json.dumps(asdict(rec), ensure_ascii=False) + "\n"
+                                    for rec in records))
+
+
+def read_records(path: Path) -> list[ItemRecord]:
+    """Read records written by :func:`write_records`."""
+    with open(path, encoding="utf-8") as fh:
+        return [ItemRecord(**json.loads(line)) for line in fh if line.strip()]

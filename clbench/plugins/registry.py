@@ -1,0 +1,318 @@
+"""Plugin discovery: methods and task sources found through Python entry points.
+
+Built-in plugins register in the `clbench.methods` and `clbench.tasks` entry-point groups
+exactly like third-party packages do, so `pip install` is all it takes to add one. This module
+finds them, loads them lazily (a plugin that fails to import only breaks when it is used),
+validates their parameters against their own config models, and turns every mistake into a
+:class:`PluginError` that names what is known, what was meant and which distribution is at fault.
+
+Tests swap the entry-point source with :func:`using_entry_points` (whole replacement) or
+:func:`extra_plugins` (fakes on top of what is installed); both clear the caches on entry and exit.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.metadata
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from clbench.errors import UserError
+from clbench.spec.reading import SpecError, describe_validation_error
+
+if TYPE_CHECKING:
+    from clbench.spec.schema import MethodSpec, TaskSpec
+    from clbench.tasks.base import TaskParams, TaskSource
+    from clbench.train.api import Method, MethodConfig
+
+METHODS_GROUP = "clbench.methods"
+TASKS_GROUP = "clbench.tasks"
+GROUPS = (METHODS_GROUP, TASKS_GROUP)
+_KIND = {METHODS_GROUP: "method", TASKS_GROUP: "task source"}
+_LIST_HINT = {METHODS_GROUP: "clbench list methods", TASKS_GROUP: "clbench list tasks"}
+
+
+class PluginError(UserError):
+    """A plugin cannot be used: unknown name, name clash, failed import, wrong kind of object.
+
+    `reason` is the short cause (e.g. the import error) for listings that already show the name.
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
+
+
+@dataclass
+class PluginInfo:
+    """One registered plugin as `clbench list` shows it."""
+
+    name: str
+    group: str
+    value: str                     # the entry point's target, `module:attribute`
+    distribution: str | None       # the installed distribution that declares it
+    description: str
+    details: dict[str, str] = field(default_factory=dict)  # tasks: domain, origin, license
+    load_error: str | None = None  # set when the plugin cannot be loaded
+
+
+@dataclass(frozen=True)
+class StaticEntryPoint:
+    """An entry point whose target is an object already in memory (for tests and notebooks).
+
+    `error`, when given, is raised by :meth:`load` in place of returning `target`, which is how
+    a test simulates a plugin whose import fails; `target_path` then says what it would import.
+    """
+
+    name: str
+    group: str
+    target: Any = None
+    distribution: str = "test-plugins"
+    error: BaseException | None = None
+    target_path: str | None = None
+
+    @property
+    def value(self) -> str:
+        if self.target_path is not None:
+            return self.target_path
+        module = getattr(self.target, "__module__", "?")
+        return f"{module}:{getattr(self.target, '__qualname__', repr(self.target))}"
+
+    @property
+    def dist(self) -> Any:
+        return _NamedDist(self.distribution)
+
+    def load(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.target
+
+
+@dataclass(frozen=True)
+class _NamedDist:
+    name: str
+
+
+EntryPointSource = Callable[[str], Iterable[Any]]
+
+
+def _installed_entry_points(group: str) -> Iterable[Any]:
+    return importlib.metadata.entry_points(group=group)
+
+
+_source: EntryPointSource = _installed_entry_points
+_entries: dict[str, dict[str, list[Any]]] = {}
+_loaded: dict[tuple[str, str], type] = {}
+
+
+def clear_cache() -> None:
+    """Forget discovered entry points and loaded classes (after installing a plugin)."""
+    _entries.clear()
+    _loaded.clear()
+
+
+@contextmanager
+def using_entry_points(source: EntryPointSource) -> Iterator[None]:
+    """Discover plugins from `source(group) -> entry points` instead of the installed ones."""
+    global _source
+    previous = _source
+    _source = source
+    clear_cache()
+    try:
+        yield
+    finally:
+        _source = previous
+        clear_cache()
+
+
+@contextmanager
+def extra_plugins(methods: Mapping[str, type] | None = None,
+                  tasks: Mapping[str, type] | None = None,
+                  distribution: str = "test-plugins") -> Iterator[None]:
+    """Add in-memory plugins on top of the current ones for the duration of the block."""
+    base = _source
+    added = {METHODS_GROUP: dict(methods or {}), TASKS_GROUP: dict(tasks or {})}
+
+    def source(group: str) -> list[Any]:
+        extra = [StaticEntryPoint(name, group, target, distribution)
+                 for name, target in added.get(group, {}).items()]
+        return [*base(group), *extra]
+
+    with using_entry_points(source):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery
+# ---------------------------------------------------------------------------------------------
+
+def _dist_name(entry_point: Any) -> str | None:
+    dist = getattr(entry_point, "dist", None)
+    return getattr(dist, "name", None) if dist is not None else None
+
+
+def _group_entries(group: str) -> dict[str, list[Any]]:
+    """Entry points of `group` by name; a name declared by two distributions keeps both."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown plugin group {group!r}; expected one of {GROUPS}")
+    if group not in _entries:
+        by_name: dict[str, list[Any]] = {}
+        for ep in _source(group):
+            same = by_name.setdefault(ep.name, [])
+            # One distribution seen twice on sys.path (e.g. an editable install plus a stale
+            # egg-info) is the same plugin, not a clash.
+            if not any(_dist_name(o) == _dist_name(ep) and o.value == ep.value for o in same):
+                same.append(ep)
+        _entries[group] = dict(sorted(by_name.items()))
+    return _entries[group]
+
+
+def plugin_names(group: str) -> list[str]:
+    """Sorted names registered in `group`."""
+    return list(_group_entries(group))
+
+
+def _unknown_name_error(group: str, name: str) -> PluginError:
+    known = plugin_names(group)
+    kind = _KIND[group]
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    listing = ", ".join(known) if known else "none are installed"
+    return PluginError(f"unknown {kind} {name!r}.{hint} Known {kind}s: {listing} "
+                       f"(see `{_LIST_HINT[group]}`).")
+
+
+def _load_class(group: str, name: str) -> type:
+    key = (group, name)
+    if key in _loaded:
+        return _loaded[key]
+    candidates = _group_entries(group).get(name)
+    if not candidates:
+        raise _unknown_name_error(group, name)
+    kind = _KIND[group]
+    if len(candidates) > 1:
+        who = " and ".join(f"{_dist_name(ep) or '?'} ({ep.value})" for ep in candidates)
+        raise PluginError(f"{kind} {name!r} is registered by more than one distribution: {who}. "
+                          "Uninstall one of them.")
+    ep = candidates[0]
+    dist = _dist_name(ep) or "an unknown distribution"
+    try:
+        obj = ep.load()
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        # An entry point naming a module or class that is not there usually means the
+        # distribution's metadata is older than its code (an editable install after a move).
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        module = ep.value.split(":")[0]
+        stale = isinstance(exc, AttributeError) or bool(missing and module.startswith(missing))
+        hint = f"; if {dist} is installed in editable mode, reinstall it (pip install -e ...)" \
+            if stale else ""
+        raise PluginError(f"{kind} {name!r} from distribution {dist} failed to import "
+                          f"({ep.value}): {reason}{hint}", reason=reason) from exc
+    expected = _base_class(group)
+    if not (isinstance(obj, type) and issubclass(obj, expected)):
+        reason = (f"{ep.value} is not a subclass of {expected.__module__}."
+                  f"{expected.__qualname__}")
+        raise PluginError(f"{kind} {name!r} from distribution {dist}: {reason}.", reason=reason)
+    _loaded[key] = obj
+    return obj
+
+
+def _base_class(group: str) -> type:
+    if group == METHODS_GROUP:
+        from clbench.train.api import Method
+
+        return Method
+    from clbench.tasks.base import TaskSource
+
+    return TaskSource
+
+
+def _first_line(text: str | None) -> str:
+    lines = [ln.strip() for ln in (text or "").strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def list_plugins(group: str) -> list[PluginInfo]:
+    """Every plugin of `group`, sorted by name; plugins that fail to load are listed too."""
+    infos: list[PluginInfo] = []
+    for name, candidates in _group_entries(group).items():
+        try:
+            cls = _load_class(group, name)
+        except PluginError as exc:
+            for ep in candidates:
+                infos.append(PluginInfo(name, group, ep.value, _dist_name(ep),
+                                        f"(import failed: {exc.reason})" if len(candidates) == 1
+                                        else f"(conflict: {exc})", load_error=str(exc)))
+            continue
+        ep = candidates[0]
+        description = _first_line(getattr(cls, "description", None) or cls.__doc__)
+        details: dict[str, str] = {}
+        if group == TASKS_GROUP:
+            details = {attr: str(getattr(cls, attr, "")) for attr in ("domain", "origin",
+                                                                      "license")}
+        infos.append(PluginInfo(name, group, ep.value, _dist_name(ep), description, details))
+    return infos
+
+
+def load_method_class(name: str) -> type[Method]:
+    """The method class registered as `name` in `clbench.methods`."""
+    return _load_class(METHODS_GROUP, name)
+
+
+def load_task_class(name: str) -> type[TaskSource]:
+    """The task source class registered as `name` in `clbench.tasks`."""
+    return _load_class(TASKS_GROUP, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters and construction
+# ---------------------------------------------------------------------------------------------
+
+def _validate_params(model: type[BaseModel], params: Any, where: str, listed_by: str) -> Any:
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise SpecError(f"{where}: expected a mapping of parameters, got "
+                        f"{type(params).__name__}")
+    try:
+        return model.model_validate(params)
+    except ValidationError as err:
+        hint = f"check the spelling; `{listed_by}` lists them"
+        raise SpecError(describe_validation_error(err, source="", prefix=where,
+                                                  unknown_field_hint=hint)) from None
+
+
+def validate_method_params(name: str, params: dict[str, Any] | None,
+                           where: str = "method.params") -> MethodConfig:
+    """Validate `params` against method `name`'s `Config`; errors carry `where.field`."""
+    return _validate_params(load_method_class(name).Config, params, where,
+                            f"clbench methods show {name}")
+
+
+def validate_task_params(source: str, params: dict[str, Any] | None,
+                         where: str = "task.params") -> TaskParams:
+    """Validate `params` against task source `source`'s `Params`; errors carry `where.field`."""
+    return _validate_params(load_task_class(source).Params, params, where,
+                            f"clbench tasks show {source}")
+
+
+def build_method(spec: MethodSpec, where: str = "method.params") -> Method:
+    """Instantiate the method of `spec` with its validated config."""
+    config = validate_method_params(spec.name, spec.params, where)
+    return load_method_class(spec.name)(config)
+
+
+def build_task(spec: TaskSpec, where: str = "stages[0].task.params") -> TaskSource:
+    """Instantiate the task source of `spec` with its validated parameters."""
+    params = validate_task_params(spec.source, spec.params, where)
+    cls = load_task_class(spec.source)
+    try:
+        return cls(params)
+    except ValueError as exc:
+        # A source may check combinations of parameters its model cannot express.
+        raise SpecError(f"{where}: {exc}") from None

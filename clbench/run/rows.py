@@ -1,0 +1,303 @@
+"""The columns of R and the evaluation of one row.
+
+A column is a stream task's or a probe's evaluation items (or an lm-eval probe); a row is every
+column scored with the model as it is after a stage. Every method is evaluated by this same code
+path, with per-item records saved beside the results. Row 0 goes through the base-row cache
+(:mod:`clbench.run.baserow`).
+
+A row is saved column by column: each column's records, then its cell in
+`items/row{t}/cells.json`, stamped with everything the evaluation depends on besides the model's
+weights (:func:`evaluation_stamp`). A run stopped halfway through a row evaluates only the columns
+not saved when it resumes, with the same model (the trained stage's checkpoint, see
+:mod:`clbench.run.protocol`) under the same stamp (same items, decoding, device kind and precision,
+library versions and code); the protocol removes a row's saved cells whenever it trains that
+stage afresh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from rich.console import Console
+
+from clbench.atomic import atomic_write_text
+from clbench.errors import UserError
+from clbench.eval.column import (
+    CellResult,
+    evaluate_column,
+    make_generate_fn,
+    read_records,
+    records_path,
+    summarise_cell,
+    write_records,
+)
+from clbench.plugins import registry
+from clbench.progress import AnyProgress
+from clbench.results import Cell, RunResult
+from clbench.run import baserow
+from clbench.seeding import derive_seed
+from clbench.spec.schema import RunSpec, TaskSpec
+
+if TYPE_CHECKING:
+    from clbench.tasks.base import Example, TaskSource
+    from clbench.train.distributed import Distributed
+
+log = logging.getLogger("clbench.run.rows")
+
+#: Per row, the cells of the columns evaluated so far (see the module docstring).
+CELLS_FILE = "cells.json"
+
+
+class ColumnPlan:
+    """How one column is evaluated: a clbench task's eval items, or an lm-eval probe."""
+
+    def __init__(self, name: str, task: TaskSource | None = None,
+                 examples: Sequence[Example] = (), probe: Any = None) -> None:
+        self.name, self.task, self.examples, self.probe = name, task, list(examples), probe
+
+
+def plan_columns(run: RunSpec) -> tuple[list[ColumnPlan], list[TaskSource]]:
+    """Eval plans of every column (stream tasks, then probes) and the stage task sources."""
+    suite = run.suite
+    plans, stage_tasks = [], []
+    split = suite.protocol.split
+    for i, stage in enumerate(suite.stages):
+        stage_tasks.append(registry.build_task(stage.task, where=f"stages[{i}].task.params"))
+    trained: set[str] = set()
+    if split == "validation":  # no column is scored on an item any stage trains on
+        for task, stage in zip(stage_tasks, suite.stages):
+            trained |= {e.id for e in task.examples("train", stage.task.seed,
+                                                    stage.task.train_size)}
+    for task, stage in zip(stage_tasks, suite.stages):
+        size = stage.task.eval_size or suite.protocol.eval_size
+        plans.append(ColumnPlan(stage.name, task,
+                                column_items(task, stage.task, size, split, trained)))
+    for i, probe in enumerate(suite.probes):
+        if probe.task is not None:
+            task = registry.build_task(probe.task, where=f"probes[{i}].task.params")
+            size = probe.task.eval_size or suite.protocol.eval_size
+            plans.append(ColumnPlan(probe.name, task, column_items(
+                task, probe.task, size, split, trained, stage=False)))
+        else:
+            plans.append(ColumnPlan(probe.name, probe=probe.lm_eval))
+    return plans, stage_tasks
+
+
+def column_items(task: TaskSource, spec: TaskSpec, size: int,
+                 split: Literal["eval", "validation"] = "eval",
+                 trained: Collection[str] = frozenset(), stage: bool = True) -> list[Example]:
+    """The `size` items that score a column: the task's evaluation items, or its validation
+    items: training-split items never trained on and never evaluation items (train and eval
+    splits are disjoint by construction). For validation, the ids in `trained` (every stage's
+    training items) are left out and the draw starts after a `stage`'s own `train_size` items
+    (a probe trains on none); a source that cannot give `size` such items is refused."""
+    if split == "eval":
+        return task.examples("eval", spec.seed, size)
+    base = spec.train_size if stage else 0
+    own = {e.id for e in task.examples("train", spec.seed, base)} if base else set()
+    excluded = own | set(trained)
+    wanted = base + size
+    for _ in range(3):  # the draw grows by what the exclusions took, as a larger draw may
+        kept = [e for e in task.examples("train", spec.seed, wanted) if e.id not in excluded]
+        if len(kept) >= size:
+            return kept[:size]
+        wanted += size - len(kept)
+    raise UserError(f"{task.name}: only {len(kept)} validation items (training-split items no "
+                    f"stage trains on) for the {size} asked; lower eval_size or train_size")
+
+
+def evaluation_stamp(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, Any]) -> str:
+    """What a row's evaluation depends on besides the weights, as a key: row 0's cache key
+    (:func:`clbench.run.baserow.base_row_key`) with this process's library versions. `resolved` is
+    how the model was resolved (``RunResult.model.resolved``)."""
+    from clbench.results import collect_versions
+
+    return baserow.base_row_key(run, plans, resolved, collect_versions())
+
+
+def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
+                 run: RunSpec, run_dir: Path, progress: AnyProgress, stamp: str,
+                 dist: Distributed | None = None,
+                 on_saved: Callable[[], None] | None = None) -> list[CellResult]:
+    """Evaluate every column with the model as it is now; save the items of each cell.
+
+    Columns of this row saved under the same `stamp` (:func:`evaluation_stamp`) by an
+    evaluation that stopped are kept, not evaluated again.
+
+    With several processes each grades a contiguous share of a column's items; the records are
+    gathered in item order and every process computes the same cell. lm-eval probes run on the
+    main process (the others wait for its cell). Only the main process writes records;
+    `on_saved` is called after each column is saved (:class:`clbench.results.KeptTime`).
+    """
+    decoding = run.suite.protocol.decoding
+    world = dist.num_processes if dist is not None else 1
+    main = dist is None or dist.is_main
+    sharded = dist is not None and world > 1
+    boot = run.suite.protocol.bootstrap_samples
+    saved = saved_cells(run_dir, row, plans, stamp) if main else None
+    if dist is not None and world > 1:
+        saved = dist.broadcast(saved)  # the main process's reading, on every process
+    assert saved is not None
+    if saved:
+        log.info("row %d: columns %s were saved before a stop and are kept", row,
+                 ", ".join(saved))
+    summaries = {name: cell.summary() for name, cell in saved.items()}
+    cells = []
+    for plan in plans:
+        if plan.name in saved:
+            cells.append(saved[plan.name])
+            continue
+        boot_seed = derive_seed("bootstrap", plan.name, row)
+        if plan.task is not None:
+            examples, first, label = plan.examples, 0, f"row {row}: eval {plan.name}"
+            if sharded:
+                from clbench.train.distributed import eval_share
+
+                share = eval_share(len(examples), dist.process_index, world)
+                examples, first = examples[share.start:share.stop], share.start
+                # the bar counts this process's items (only the main process shows it)
+                label += f" (items {first + 1}-{first + len(examples)} of {len(plan.examples)})"
+            # Seeded per column (and share): a column sampled after a resume that skipped the
+            # columns before it draws what it would have drawn.
+            generate = make_generate_fn(model, tokenizer, decoding,
+                                        seed=derive_seed(run.seed, row, "eval", plan.name, first))
+            cell = evaluate_column(plan.name, plan.task, examples, generate,
+                                   batch_size=decoding.batch_size,
+                                   bootstrap_samples=0 if sharded else boot,  # after the gather
+                                   bootstrap_seed=boot_seed, progress=progress,
+                                   description=label)
+            if sharded:
+                cell = summarise_cell(plan.name, dist.gather(cell.records), boot, boot_seed)
+        else:
+            cell = None
+            if main:
+                from clbench.eval.lmeval import run_probe
+
+                base = Path(run.suite_file).parent if run.suite_file else None
+                # Seeded per column, not per run: every run and row sees the same few-shot
+                # examples, so the base row is the same for every seed (clbench.run.baserow).
+                cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
+                                 batch_size=decoding.batch_size,
+                                 seed=derive_seed("lmeval", plan.name),
+                                 bootstrap_samples=boot, bootstrap_seed=boot_seed)
+            if dist is not None:
+                cell = dist.broadcast(cell)
+            assert cell is not None
+        if main:
+            write_records(records_path(run_dir, row, plan.name), cell.records)
+            summaries[plan.name] = cell.summary()
+            # NaN allowed: an lm-eval score may be one (results.json writes it as null)
+            atomic_write_text(_cells_path(run_dir, row), json.dumps(
+                {"stamp": stamp, "cells": summaries}, ensure_ascii=False))
+            if on_saved is not None:
+                on_saved()
+        log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
+        cells.append(cell)
+    return cells
+
+
+def _cells_path(run_dir: Path, row: int) -> Path:
+    return records_path(run_dir, row, CELLS_FILE).with_name(CELLS_FILE)
+
+
+def saved_cells(run_dir: Path, row: int, plans: Sequence[ColumnPlan],
+                stamp: str) -> dict[str, CellResult]:
+    """The columns of `row` saved by an evaluation that stopped before the row was complete,
+    by name: only those saved under `stamp`, whose records are intact and are the column's
+    items. Anything else is evaluated again."""
+    try:
+        saved = json.loads(_cells_path(run_dir, row).read_text(encoding="utf-8"))
+        summaries = saved["cells"] if saved["stamp"] == stamp else {}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
+    kept = {}
+    for plan in plans:
+        if not isinstance(summaries, dict) or plan.name not in summaries:
+            continue
+        try:
+            records = read_records(records_path(run_dir, row, plan.name))
+            cell = CellResult(**summaries[plan.name], records=records)
+        except (OSError, ValueError, TypeError, KeyError):
+            continue
+        items = [e.id for e in plan.examples] if plan.task is not None else None
+        if cell.column == plan.name and cell.n == len(records) and \
+                (items is None or [r.id for r in records] == items):
+            kept[plan.name] = cell
+    return kept
+
+
+def saved_column_names(run_dir: Path, row: int) -> list[str]:
+    """The columns of `row` saved so far by an evaluation that stopped before the row was
+    complete, as recorded (a resumed evaluation keeps those that pass `saved_cells`' checks)."""
+    try:
+        cells = json.loads(_cells_path(run_dir, row).read_text(encoding="utf-8"))["cells"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return []
+    return [str(name) for name in cells] if isinstance(cells, dict) else []
+
+
+def forget_saved_cells(run_dir: Path, row: int) -> None:
+    """Drop the saved columns of `row`: they were scored with a model about to be retrained."""
+    _cells_path(run_dir, row).unlink(missing_ok=True)
+
+
+def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
+             run_dir: Path, progress: AnyProgress, result: RunResult, console: Console,
+             dist: Distributed, stamp: str, on_saved: Callable[[], None] | None = None
+             ) -> list[Cell | None]:
+    """Row 0: from the shared cache when an identical row was computed before, else evaluated
+    (and cached). The result records which, under `artifacts["base_row"]`.
+
+    One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
+    row once. Several processes of one run evaluate together, so the main process looks the row up
+    and tells the others (a lock held across a shared evaluation could deadlock). The cache key
+    is the evaluation's `stamp` (:func:`evaluation_stamp`).
+    """
+    def compute() -> list[Cell | None]:
+        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, stamp,
+                                     dist, on_saved))
+
+    if not run.reuse_base_row:
+        return compute()
+    key = stamp
+    names = [p.name for p in plans]
+    def announce_wait() -> None:  # a sweep's other runs start together and share one row 0
+        log.info("row 0: another run holds the cache entry of the same row (key %s), "
+                 "evaluating or copying it; waiting for it", key)
+        with contextlib.suppress(OSError):  # a closed stdout must not disable the cache
+            console.print("row 0 (base model): another run is evaluating (or copying) the same "
+                          f"row; waiting to reuse it ({baserow.cache_dir() / key})",
+                          soft_wrap=True)
+
+    if dist.num_processes == 1:
+        cells, reused = baserow.load_or_compute(key, names, run_dir, compute,
+                                                on_wait=announce_wait)
+    else:
+        found = dist.broadcast(baserow.lookup(key, names, run_dir, on_wait=announce_wait)
+                               if dist.is_main else None)
+        reused = found is not None
+        cells = found if found is not None else compute()
+        if dist.is_main and not reused:
+            baserow.store(key, names, cells, run_dir)
+    result.artifacts["base_row"] = {"key": key, "reused": reused,
+                                    "cache": str(baserow.cache_dir())}
+    if reused:
+        log.info("row 0 taken from the base-row cache (key %s)", key)
+        console.print(f"row 0 (base model): reused from {baserow.cache_dir() / key}")
+    return cells
+
+
+def to_cells(cells: Sequence[CellResult]) -> list[Cell | None]:
+    out: list[Cell | None] = []
+    for c in cells:
+        if c.score is None:
+            out.append(None)
+            continue
+        iv = c.interval or {}
+        out.append(Cell(score=c.score, n=c.n, ci_low=iv.get("low"), ci_high=iv.get("high")))
+    return out

@@ -1,0 +1,127 @@
+"""One stage of a run: training it with the method, and keeping it once it is trained.
+
+While a stage trains, the method's progress is checkpointed every `checkpoint_minutes` of the
+run (`checkpoints/stage{t}-step{k}/`, see :mod:`clbench.train.api` for the method's side), so a
+run stopped in the middle of a long stage continues from its last such checkpoint.
+
+A trained stage is kept before its row of R is evaluated: first the method's report
+(`stages/stage{t}.json`), then the checkpoint (:func:`clbench.run.rundir.save_checkpoint`), then the
+older checkpoints are pruned. So a checkpoint of a stage always has its report beside it, and a
+run stopped while evaluating the stage resumes with :func:`trained_report` and the checkpoint
+instead of training it again. The stage loop itself is :mod:`clbench.run.protocol`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clbench.atomic import atomic_write_json
+from clbench.run.rundir import (
+    RunDirError,
+    prune_checkpoints,
+    save_checkpoint,
+    save_progress_checkpoint,
+)
+from clbench.seeding import derive_seed, seed_everything
+
+if TYPE_CHECKING:
+    from clbench.progress import AnyProgress
+    from clbench.spec.schema import RunSpec
+    from clbench.tasks.base import Example, TaskSource
+    from clbench.train.api import Method, StageReport
+    from clbench.train.distributed import Distributed
+
+log = logging.getLogger("clbench.run.protocol")
+
+
+def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
+                train_examples: list[Example], model: Any, tokenizer: Any, train_model: Any,
+                run_dir: Path, progress: AnyProgress, dist: Distributed,
+                resume: dict[str, Any] | None = None,
+                on_saved: Callable[[], None] | None = None) -> StageReport:
+    """Train stage `stage` (1-based) with the method, seeded from (run seed, stage); the
+    method's report. Each step is logged and advances a progress bar. The method's progress is
+    checkpointed every `run.checkpoint_minutes`
+    (:func:`clbench.run.rundir.save_progress_checkpoint`);
+    `resume` is such a checkpoint's progress when the stage continues after a stop (the student
+    and the method's state already restored). `on_saved` is called after each such checkpoint
+    (:class:`clbench.results.KeptTime`)."""
+    from clbench.train.api import StageContext
+
+    spec = run.training_stages()[stage - 1]
+    total = spec.budget.steps
+    stage_seed = derive_seed(run.seed, stage)
+    seed_everything(stage_seed)
+    steps_bar = progress.add_task(f"stage {stage} {spec.name}: train", total=total,
+                                  completed=0 if resume is None else int(resume["step"]) + 1)
+    last_saved = time.monotonic()
+
+    def log_step(record: dict[str, Any]) -> None:
+        progress.advance(steps_bar)
+        log.info("stage %d step %s", stage, json.dumps(record, default=str))
+
+    def save_progress(step: int, state: Callable[[], dict[str, Any]],
+                      counts: dict[str, int] | None = None) -> None:
+        nonlocal last_saved
+        # not after the last step: the stage's own checkpoint follows at once
+        due = step + 1 < total and time.monotonic() - last_saved >= run.checkpoint_minutes * 60
+        if not dist.broadcast(due):  # one decision for every process
+            return
+        summed = dist.sum_counts(counts or {})  # a collective: every process
+        if dist.is_main:
+            saved = {**state(), "counters": summed}
+            save_progress_checkpoint(run_dir, stage, step, model, method, saved)
+            log.info("stage %d: checkpoint after step %d of %d", stage, step + 1, total)
+            if on_saved is not None:
+                on_saved()
+        dist.wait()
+        last_saved = time.monotonic()
+
+    ctx = StageContext(
+        model=model, tokenizer=tokenizer, task=task, train_examples=train_examples,
+        budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
+        device=dist.device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
+        dist=dist, train_model=train_model, save_progress=save_progress, resume=resume)
+    ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    report = method.train_stage(ctx)
+    if resume:  # restore_loop empties it: a method that ignored it retrained from mid-stage
+        raise RuntimeError(f"method {run.method.name!r} saved progress in the middle of stage "
+                           f"{stage} but did not continue from it (ctx.resume); its training "
+                           "of this stage is not the uninterrupted one")
+    progress.remove_task(steps_bar)
+    return report
+
+
+def keep_trained_stage(run_dir: Path, stage: int, report: StageReport, model: Any,
+                       method: Method) -> None:
+    """Write the stage's report, then its checkpoint; prune the checkpoints before it."""
+    atomic_write_json(report_path(run_dir, stage), {
+        "steps": report.steps, "counters": report.counters, "wall_time": report.wall_time,
+        "extra": report.extra}, indent=None)
+    save_checkpoint(run_dir, stage, model, method)
+    prune_checkpoints(run_dir, stage)
+
+
+def report_path(run_dir: Path, stage: int) -> Path:
+    """`stages/stage{t}.json`: the method's full report of stage t (every step)."""
+    return run_dir / "stages" / f"stage{stage}.json"
+
+
+def trained_report(run_dir: Path, stage: int) -> StageReport:
+    """The report of a stage trained before a stop, as the method returned it."""
+    from clbench.train.api import StageReport
+
+    path = report_path(run_dir, stage)
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        return StageReport(steps=saved["steps"], counters=saved["counters"],
+                           wall_time=saved["wall_time"], extra=saved["extra"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunDirError(f"{run_dir}: stage {stage} is checkpointed but its report {path} "
+                          f"cannot be read ({exc}); the run cannot be resumed (the stage before "
+                          "it is no longer checkpointed)") from None

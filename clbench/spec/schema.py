@@ -1,0 +1,334 @@
+"""Declarative specifications: the pydantic models of suites, stages, probes, protocols and runs.
+
+Everything a user writes in a suite YAML (or passes with `--set`) is validated here. Models are
+strict (`extra="forbid"`) and every field carries a description, which is what `clbench schema`
+and the CLI help show. Plugin parameters (a task source's or a method's) are validated against
+the plugin's own config model by :mod:`clbench.plugins.registry`, not here, so that this module
+never imports a plugin. Reading files and overrides, and turning validation errors into messages, is
+:mod:`clbench.spec.reading`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from clbench.seeding import MAX_SEED
+
+DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:\d+)?)$"
+
+SUITE_SCHEMA_VERSION = 1
+_NAME = r"^[a-z0-9][a-z0-9_.\-]*$"
+
+
+class Spec(BaseModel):
+    """Base of every declarative model: unknown keys are errors, values are validated on set."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TaskSpec(Spec):
+    """A task: a registered task source, its parameters, and how many items each split holds."""
+
+    source: str = Field(description="Name of a task source registered in the `clbench.tasks` "
+                        "entry-point group (see `clbench list tasks`), e.g. `math.arithmetic`.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Parameters of the task "
+                                   "source, validated against that source's own config model.")
+    train_size: int = Field(default=512, ge=0, description="Number of training items drawn from "
+                            "the source's train split.")
+    eval_size: int | None = Field(default=None, ge=1, description="Number of evaluation items; "
+                                  "defaults to the protocol's `eval_size`.")
+    seed: int = Field(default=1234, description="Data seed: which items are drawn. Fixed per "
+                      "suite so that every method and run seed sees the same items.")
+
+
+class Budget(Spec):
+    """What one stage may spend: optimizer steps, prompts per step, samples per prompt, tokens."""
+
+    steps: int = Field(ge=1, description="Optimizer steps in the stage.")
+    prompts_per_step: int = Field(default=4, ge=1, description="Distinct prompts per optimizer "
+                                  "step (SFT uses this many reference solutions per step).")
+    samples_per_prompt: int = Field(default=4, ge=1, description="Rollouts per prompt for "
+                                    "on-policy methods (the GRPO group size).")
+    max_new_tokens: int = Field(default=64, ge=1, description="Maximum tokens generated per "
+                                "rollout.")
+    temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature of the "
+                               "training rollouts.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold "
+                         "of the training rollouts.")
+    lr: float | None = Field(default=None, gt=0.0, description="Learning-rate override for this "
+                             "stage; the method's own default applies when unset.")
+
+
+class StageSpec(Spec):
+    """One stage of the stream: a task to learn under a budget."""
+
+    name: str = Field(pattern=_NAME, description="Column name of the stage's task in the "
+                      "accuracy matrix, e.g. `math`.")
+    task: TaskSpec = Field(description="The task learned in this stage.")
+    budget: Budget = Field(description="Training budget of the stage.")
+
+    @field_validator("task")
+    @classmethod
+    def _has_training_items(cls, task: TaskSpec) -> TaskSpec:
+        if task.train_size < 1:  # a probe's task may have none; a stage trains on them
+            raise ValueError("train_size must be at least 1: a stage trains on its task's "
+                             "training items")
+        return task
+
+
+#: lm-eval metrics that cannot be a column of R (lower is better, not bounded by 1).
+LOWER_IS_BETTER_LM_EVAL_METRICS = frozenset({
+    "perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "ter", "brier_score"})
+
+
+class LmEvalProbe(Spec):
+    """A general-ability probe run through lm-evaluation-harness on the in-memory model."""
+
+    task: str = Field(description="lm-eval task or group name (e.g. `mmlu`) or a path to a "
+                      "task YAML; a group is scored by lm-eval's aggregate over its tasks.")
+    metric: str = Field(default="acc", description="lm-eval result used as score, `metric` or "
+                        "`metric,filter` (e.g. `exact_match,strict-match` for gsm8k). A bare "
+                        "metric means its `none` filter, or its only filter; name the filter "
+                        "when the task reports several.")
+    include_path: str | None = Field(default=None, description="Folder of extra lm-eval task "
+                                     "YAMLs; relative paths are resolved against the suite file.")
+    num_fewshot: int | None = Field(default=None, ge=0, description="Few-shot examples.")
+    limit: int | None = Field(default=None, ge=1, description="Evaluate at most this many items.")
+
+    @field_validator("metric")
+    @classmethod
+    def _a_fraction_higher_is_better(cls, metric: str) -> str:
+        # A cell of R is a fraction in [0, 1] where higher is better: the metrics' deltas and
+        # the per-item records assume it. lm-eval's perplexities and error rates are neither.
+        name = metric.split(",", 1)[0].strip()
+        if name in LOWER_IS_BETTER_LM_EVAL_METRICS:
+            raise ValueError(f"{name!r} is lower-is-better and not a fraction; a probe column "
+                             "is scored like an accuracy (e.g. acc, acc_norm, exact_match)")
+        return metric
+
+
+class ProbeSpec(Spec):
+    """A held-out column: an OOD task (never trained on) or an lm-eval general-ability probe."""
+
+    name: str = Field(pattern=_NAME, description="Column name of the probe.")
+    kind: Literal["ood", "general"] = Field(default="ood", description="`ood`: a distribution-"
+                                            "shifted task; `general`: general ability.")
+    task: TaskSpec | None = Field(default=None, description="A clbench task (give this or "
+                                  "`lm_eval`).")
+    lm_eval: LmEvalProbe | None = Field(default=None, description="An lm-eval task (give this "
+                                        "or `task`).")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ProbeSpec:
+        if (self.task is None) == (self.lm_eval is None):
+            raise ValueError("give exactly one of `task` or `lm_eval`")
+        return self
+
+
+class DecodingSpec(Spec):
+    """Decoding used to evaluate every column (the same for every method)."""
+
+    temperature: float = Field(default=0.0, ge=0.0, description="0 means greedy decoding.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus threshold when "
+                         "sampling.")
+    max_new_tokens: int = Field(default=96, ge=1, description="Maximum tokens per answer.")
+    batch_size: int = Field(default=16, ge=1, description="Prompts per generation batch.")
+
+
+MetricName = Literal["acc", "op", "aia", "la", "bwt", "fwt", "forgetting", "ood_delta",
+                     "general_delta", "intransigence"]
+DiagnosticName = Literal["weight_drift", "response_drift", "artifacts"]
+
+
+class MetricVariants(Spec):
+    """Which published variant each metric uses; results record the choice."""
+
+    bwt: Literal["t_minus_1", "t"] = Field(default="t_minus_1", description="Normaliser of BWT: "
+                                           "1/(T-1) (GEM's paper) or 1/T (GEM's code).")
+    fwt: Literal["base", "none"] = Field(default="base", description="FWT reference b[j]: the "
+                                         "base model's score R[0][j], or none (b = 0).")
+    forgetting: Literal["max", "diagonal"] = Field(default="max", description="Forgetting "
+                                                   "reference: max over earlier stages "
+                                                   "(Chaudhry 2018) or R[j][j] (Avalanche).")
+
+
+class ProtocolSpec(Spec):
+    """How a run is measured: metrics and variants, evaluation sizes, decoding, diagnostics."""
+
+    metrics: list[MetricName] = Field(
+        default=["acc", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta"],
+        description="Metrics computed from the accuracy matrix.")
+    variants: MetricVariants = Field(default_factory=MetricVariants, description="Metric "
+                                     "variants.")
+    eval_size: int = Field(default=200, ge=1, description="Evaluation items per column unless "
+                           "a task sets `eval_size`.")
+    split: Literal["eval", "validation"] = Field(
+        default="eval", description="Which items score the task columns: `eval`, the tasks' "
+        "evaluation split, or `validation`, items of their training split that the run never "
+        "trains on (a stage's drawn after its `train_size` items; a probe's first ones): for "
+        "choosing hyperparameters without touching evaluation items, e.g. `clbench sweep ... "
+        "--set protocol.split=validation`.")
+    decoding: DecodingSpec = Field(default_factory=DecodingSpec, description="Evaluation "
+                                   "decoding.")
+    diagnostics: list[DiagnosticName] = Field(default_factory=list, description="Reserved for "
+                                              "drift and collapse diagnostics run after each "
+                                              "stage; not available yet, so a suite that lists "
+                                              "any is refused.")
+    bootstrap_samples: int = Field(default=1000, ge=0, description="Bootstrap resamples of "
+                                   "items for each cell's interval (0 disables).")
+
+    @field_validator("diagnostics")
+    @classmethod
+    def _not_available_yet(cls, diagnostics: list[str]) -> list[str]:
+        # Declared so that suites can be written against the schema; refused rather than
+        # silently reporting nothing, by `validate` and `--plan` as by `run`.
+        if diagnostics:
+            raise ValueError(f"{diagnostics}: drift and collapse diagnostics are not available "
+                             "in this version of clbench; remove them from the suite")
+        return diagnostics
+
+
+class ModelSpec(Spec):
+    """The model a run starts from."""
+
+    name: str = Field(default="smollm2-135m", min_length=1,
+                      description="`smollm2-135m` (the embedded "
+                      "default), a `tiny-*` test model, a hub id or a local folder (a run "
+                      "records it as an absolute path).")
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
+        default="auto", description="`auto`: bf16 where the device supports it, else fp32.")
+    mixed_precision: bool = Field(
+        default=True, description="Keep fp32 master weights and autocast forwards to `dtype` "
+        "(when it is 16-bit); false stores the weights in `dtype` itself (half the memory, but "
+        "updates below its resolution are lost).")
+    revision: str | None = Field(default=None, description="Hub revision (branch, tag, commit).")
+    trust_remote_code: bool = Field(default=False, description="Allow code from the model "
+                                    "repository to run; only set for repositories you trust.")
+
+
+#: Suite fields that do not change what a run measures (left out of its hash and identity):
+#: the prose, and the per-method settings, which reach a run through its method config (where
+#: they are recorded and compared) and must not make another suite of every other method's runs.
+MEASURED_EXCLUDES = {"description", "methods"}
+
+
+class SuiteSpec(Spec):
+    """A continual-learning suite: an ordered stream of stages, held-out probes and a protocol."""
+
+    schema_version: int = Field(default=SUITE_SCHEMA_VERSION, description="Version of this "
+                                "suite format.")
+    name: str = Field(pattern=_NAME, description="Suite name.")
+    version: str = Field(default="1", description="Version of the suite's content; bump it when "
+                         "items or budgets change.")
+    description: str = Field(default="", description="What the suite measures.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="Default model.")
+    stages: list[StageSpec] = Field(min_length=1, description="The stream, in training order.")
+    probes: list[ProbeSpec] = Field(default_factory=list, description="Held-out columns.")
+    protocol: ProtocolSpec = Field(default_factory=ProtocolSpec, description="Measurement "
+                                   "protocol.")
+    methods: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Settings per method, applied when that method runs, "
+        "e.g. `{sdpo: {lr: 3e-6}, grpo: {lr: 1e-6}}`: each block is validated against its "
+        "method's config (`clbench methods show NAME`); `--set method.X` wins over it. A run "
+        "records the settings in force in its method config; they are not part of the suite's "
+        "hash.")
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, v: int) -> int:
+        if v != SUITE_SCHEMA_VERSION:
+            raise ValueError(f"this clbench reads suite schema_version {SUITE_SCHEMA_VERSION}")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_columns(self) -> SuiteSpec:
+        seen: set[str] = set()
+        for col in [s.name for s in self.stages] + [p.name for p in self.probes]:
+            if col in seen:
+                raise ValueError(f"column name {col!r} is used twice; stage and probe names "
+                                 "must be unique")
+            seen.add(col)
+        return self
+
+    def content_hash(self) -> str:
+        """A stable hash of the suite's content (canonical JSON, key order independent).
+
+        The `description` is prose about the suite, not part of what is measured: rewording it
+        does not make another suite (nor turn a run folder into another run's). Nor do the
+        per-method `methods` settings: a run's method config records those in force."""
+        canonical = json.dumps(self.model_dump(mode="json", exclude=MEASURED_EXCLUDES),
+                               sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class MethodSpec(Spec):
+    """A training method: a plugin from the `clbench.methods` group and its parameters."""
+
+    name: str = Field(description="Method name (see `clbench list methods`).")
+    params: dict[str, Any] = Field(default_factory=dict, description="Method parameters, "
+                                   "validated against the method's config model.")
+
+
+class RunSpec(Spec):
+    """One run: a suite, a method, a model, a seed and where the results go."""
+
+    suite: SuiteSpec
+    method: MethodSpec
+    model: ModelSpec = Field(description="The model trained (the suite's default unless "
+                             "overridden).")
+    seed: int = Field(default=0, ge=-MAX_SEED, le=MAX_SEED,
+                      description="Run seed: rollout sampling, data order, init.")
+    out_dir: str = Field(min_length=1, description="Run directory: results, checkpoints, logs.")
+    device: str = Field(default="auto", pattern=DEVICE_PATTERN,
+                        description="`auto`, `cpu`, `mps`, `cuda`, `cuda:N`.")
+    reuse_base_row: bool = Field(default=True, description="Take row 0 (the base model's "
+                                 "scores) from the cache when an earlier run computed the same "
+                                 "row (same items, model, decoding, versions); see "
+                                 "`clbench.run.baserow`.")
+    checkpoint_minutes: float = Field(default=15.0, ge=0.0, description="Minutes between "
+                                      "checkpoints in the middle of a stage (the student, the "
+                                      "method's optimizer and teacher), so a stopped run loses "
+                                      "at most that much training; 0: after every step (or "
+                                      "batch, when a batch serves several steps). A stage is "
+                                      "always checkpointed once trained.")
+    joint: bool = Field(default=False, description="Train one stage, `joint`, on every stream "
+                        "task at once (their training items mixed, the stages' steps summed) "
+                        "instead of stage by stage, then evaluate every column: the joint "
+                        "(multi-task) reference whose scores give other runs' intransigence "
+                        "(`clbench report`).")
+    suite_file: str | None = Field(default=None, description="The suite file the run was "
+                                   "built from; relative paths in the suite (e.g. an lm-eval "
+                                   "`include_path`) resolve against its folder.")
+
+    def training_stages(self) -> list[StageSpec]:
+        """What the run trains, in order: the suite's stages, or the joint stage of a joint run
+        (:func:`joint_stage`)."""
+        return [joint_stage(self.suite.stages)] if self.joint else list(self.suite.stages)
+
+
+#: Budget fields that every stage must share for a joint run (its one stage has one budget).
+JOINT_SHARED_BUDGET = ("prompts_per_step", "samples_per_prompt", "temperature", "top_p", "lr")
+
+
+def joint_stage(stages: list[StageSpec]) -> StageSpec:
+    """The one stage of a joint run: every stage's task (training items mixed), their steps
+    summed, the longest `max_new_tokens` (each item's rollouts keep its own stage's cap:
+    :class:`clbench.run.joint.MixedTasks`). The rest of the budget must agree across the stages
+    (ValueError naming the field otherwise)."""
+    budgets = [s.budget for s in stages]
+    for name in JOINT_SHARED_BUDGET:
+        values = [getattr(b, name) for b in budgets]
+        if any(v != values[0] for v in values):
+            shown = ", ".join(f"{s.name}: {v}" for s, v in zip(stages, values))
+            raise ValueError(f"a joint run trains every stage's task in one stage with one "
+                             f"budget, so the stages must agree on `budget.{name}` ({shown})")
+    budget = budgets[0].model_copy(update={
+        "steps": sum(b.steps for b in budgets),
+        "max_new_tokens": max(b.max_new_tokens for b in budgets)})
+    task = TaskSpec(source="joint", params={"stages": [s.name for s in stages]},
+                    train_size=sum(s.task.train_size for s in stages))
+    return StageSpec(name="joint", task=task, budget=budget)

@@ -1,0 +1,196 @@
+"""Finding suites by name or path and applying `--set` overrides.
+
+A suite is named by its file stem (`starter` -> `suites/starter.yaml`) or given as a path.
+Names are looked up in the folders of the `CLBENCH_SUITE_PATH` environment variable (separated
+like `PATH`), then in the suites shipped with clbench; the first match wins.
+
+Overrides are `KEY=VALUE` strings. :func:`split_overrides` routes them: keys under `method.` are
+method parameters, keys under `model.` change the run's model, and every other key edits the
+suite (`stages[0].budget.steps=4`). Whatever the route, the result is validated exactly like a
+file, and errors name the file, the override, the field path and what was expected. A run's
+whole spec, with the plugins' parameters checked, is built in :mod:`clbench.plugins.runspec`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clbench.errors import UserError
+from clbench.spec.reading import (
+    SpecError,
+    apply_override,
+    parse_override,
+    read_yaml,
+    validate_model,
+)
+from clbench.spec.schema import SuiteSpec
+
+SUITE_PATH_ENV = "CLBENCH_SUITE_PATH"
+SUITE_SUFFIXES = (".yaml", ".yml")
+
+
+class SuiteNotFoundError(UserError):
+    """A suite name that matches no file in the search path."""
+
+
+@dataclass(frozen=True)
+class SuiteInfo:
+    """One suite as `clbench list suites` shows it."""
+
+    name: str
+    description: str
+    path: Path
+
+
+def suite_dirs() -> list[Path]:
+    """Folders searched for named suites, in priority order (existing folders only)."""
+    dirs = [Path(p).expanduser() for p in os.environ.get(SUITE_PATH_ENV, "").split(os.pathsep)
+            if p.strip()]
+    dirs.append(_shipped_suites())
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for d in dirs:
+        key = d.resolve()
+        if key not in seen and d.is_dir():
+            seen.add(key)
+            out.append(d)
+    return out
+
+
+def _shipped_suites() -> Path:
+    """The folder of the suites clbench ships: `suites/` of a source checkout, installed as the
+    data package `clbench_suites`."""
+    import clbench_suites
+
+    return Path(clbench_suites.__file__).resolve().parent
+
+
+def _named_files() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in suite_dirs():
+        for f in sorted(d.iterdir()):
+            if f.suffix in SUITE_SUFFIXES and f.is_file():
+                found.setdefault(f.stem, f)
+    return found
+
+
+def _looks_like_path(ref: str) -> bool:
+    return os.sep in ref or "/" in ref or ref.endswith(SUITE_SUFFIXES)
+
+
+def resolve_suite(ref: str | os.PathLike[str]) -> Path:
+    """The file of suite `ref`: a path to a YAML file, or a name from the search path."""
+    text = os.fspath(ref)
+    named = _named_files()
+    if _looks_like_path(text) or Path(text).is_file():
+        path = Path(text).expanduser()
+        if path.is_file():
+            return path
+        if path.name == text and path.stem in named:  # `starter.yaml` means the named suite
+            return named[path.stem]
+        if path.is_dir():
+            raise SuiteNotFoundError(f"{path}: is a folder; name a suite file in it (e.g. "
+                                     f"{path / '*.yaml'})")
+        if path.exists():
+            raise SuiteNotFoundError(f"{path}: not a regular file, so not a suite file")
+        raise SuiteNotFoundError(f"{path}: no such suite file")
+    if text in named:
+        return named[text]
+    close = difflib.get_close_matches(text, list(named), n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    known = ", ".join(named) if named else "none found"
+    searched = ", ".join(str(d) for d in suite_dirs()) or "no folder"
+    raise SuiteNotFoundError(f"unknown suite {text!r}.{hint} Known suites: {known} (searched "
+                             f"{searched}; add folders with {SUITE_PATH_ENV} or pass a path).")
+
+
+def list_suites() -> list[SuiteInfo]:
+    """Every named suite; an unreadable or invalid file says so in its description."""
+    infos = []
+    for name, path in _named_files().items():
+        try:
+            data = read_yaml(path)
+            description = str(data.get("description", "")) if isinstance(data, dict) else ""
+        except SpecError as exc:
+            description = f"(invalid: {exc})"
+        infos.append(SuiteInfo(name, _first_line(description), path))
+    return infos
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def override_source(path: Path, overrides: Sequence[str]) -> str:
+    if not overrides:
+        return str(path)
+    return f"{path} (with --set {' --set '.join(overrides)})"
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str],
+                    example: str = "stages[0].budget.steps=4") -> dict[str, Any]:
+    """A deep copy of `data` with every `KEY=VALUE` override applied in order (`example` is
+    the one a malformed override is shown)."""
+    out = copy.deepcopy(data)
+    for text in overrides:
+        path, value = parse_override(text, example)
+        apply_override(out, path, value)
+    return out
+
+
+def load_suite(ref: str | os.PathLike[str], overrides: Sequence[str] = ()) -> SuiteSpec:
+    """Read, override and validate a suite (plugin parameters are checked separately, by
+    :func:`validate_suite_plugins`)."""
+    path = resolve_suite(ref)
+    data = read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a mapping of suite fields at the top level, got "
+                        f"{type(data).__name__}")
+    data = apply_overrides(data, overrides)
+    return validate_model(SuiteSpec, data, override_source(path, overrides))
+
+
+def method_settings(suite: SuiteSpec, method: str, overrides: Sequence[str] = ()
+                    ) -> dict[str, Any]:
+    """The parameters a run of `method` gets: the suite's `methods.<method>` block, then the
+    `--set method.X` overrides (prefix removed) on top."""
+    return apply_overrides(suite.methods.get(method, {}), overrides)
+
+
+def default_out_dir(suite_name: str, method: str, seed: int) -> str:
+    """Where a run's results go unless `--out` says otherwise."""
+    return str(Path("runs") / suite_name / method / f"s{seed}")
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """Route overrides: (`method.*` with the prefix removed, `model.*` likewise, the rest)."""
+    method, model, suite = [], [], []
+    for text in overrides:
+        key = text.split("=", 1)[0].strip()
+        for prefix, bucket in (("method.", method), ("model.", model)):
+            if key.startswith(prefix):
+                if "=" not in text:  # said here: past this point the prefix is gone
+                    raise SpecError(f"override {text!r}: expected KEY=VALUE, e.g. "
+                                    f"{key}={'1e-5' if key == 'method.lr' else '...'}")
+                bucket.append(text.strip()[len(prefix):])
+                break
+        else:
+            if key in ("method", "model"):
+                raise SpecError(f"override {text!r}: set one field at a time, e.g. "
+                                f"{key}.{'lr=1e-5' if key == 'method' else 'dtype=float32'}")
+            suite.append(text)
+    return method, model, suite
+
+
+__all__ = [
+    "SUITE_PATH_ENV", "SuiteInfo", "SuiteNotFoundError", "apply_overrides", "default_out_dir",
+    "list_suites", "load_suite", "method_settings", "override_source", "resolve_suite",
+    "split_overrides", "suite_dirs",
+]

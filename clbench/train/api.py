@@ -1,0 +1,158 @@
+"""The method contract: what a training method plugin receives for a stage and what it returns.
+
+A method is a class registered in the `clbench.methods` entry-point group. It has a documented
+pydantic config (`Config`), trains the model in place on one stage under the stage's budget, and
+returns a :class:`StageReport`. The protocol owns everything around it (loading, evaluation,
+checkpoints), so methods differ only in their objective and teacher.
+
+A method that can continue a stage from its middle offers its progress after each optimizer step
+through ``ctx.save_progress``; when a checkpoint is due, the protocol saves it with the student's
+weights, the method's ``state_dict()`` and the RNG states, and a run stopped later in the stage
+trains it again with ``ctx.resume`` set to that progress (weights, method state and RNGs already
+restored). A method that never calls ``save_progress`` simply restarts an interrupted stage.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # heavy imports only for type checkers
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from clbench.spec.schema import Budget
+    from clbench.tasks.base import Example, TaskSource
+    from clbench.train.distributed import Distributed
+
+
+#: Key of a field's `json_schema_extra` for a field added to a config after runs were recorded
+#: without it, when its default does not do what those runs did: the value that does. A stored
+#: run then reads with that value, so resuming it under the new default is refused with the
+#: difference named, instead of silently changing the method halfway through the run.
+VALUE_BEFORE_FIELD = "value_before_this_field"
+
+
+class MethodConfig(BaseModel):
+    """Base of every method's config. Fields must carry descriptions (they are the CLI help)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def config_as_recorded(config_class: type[BaseModel], params: Any) -> Any:
+    """A config written by an earlier version, with each field added since that changed
+    behaviour set to its value from before (see :data:`VALUE_BEFORE_FIELD`); anything but a
+    dict (None: no settings, as in a spec) is returned as it is (validation then says what is
+    wrong with it)."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        return params
+    out = dict(params)
+    for name, info in config_class.model_fields.items():
+        extra = info.json_schema_extra
+        if name not in out and isinstance(extra, dict) and VALUE_BEFORE_FIELD in extra:
+            out[name] = extra[VALUE_BEFORE_FIELD]
+    return out
+
+
+def fields_before(config_class: type[BaseModel], params: Any) -> list[str]:
+    """The fields :func:`config_as_recorded` fills in for `params`."""
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        return []
+    return [name for name in config_as_recorded(config_class, params) if name not in params]
+
+
+@dataclass
+class StageContext:
+    """Everything a method needs to train one stage.
+
+    `model` is the plain student: generate, copy teachers and score without gradient with it.
+    Training forwards go through `train_model`, the same weights prepared by `dist` (DDP-wrapped
+    when several processes train), so that their gradients are averaged over the processes;
+    `dist` also has rank, barriers, the sharding of a step's prompts and the autocast context.
+    Both default to a single process training `model` as stored (no autocast).
+    """
+
+    model: PreTrainedModel                 # the student, trained in place
+    tokenizer: PreTrainedTokenizerBase
+    task: TaskSource                       # grader and answer/CoT split (`answer_start_for`)
+    train_examples: list[Example]          # the stage's training items, in data order
+    budget: Budget
+    stage_index: int                       # 1-based position in the stream
+    stage_name: str
+    seed: int                              # run seed (already mixed with the stage index)
+    device: torch.device
+    work_dir: Path                         # scratch space for this stage inside the run dir
+    log_step: Callable[[dict[str, Any]], None] = lambda record: None  # per-step metrics sink
+    dist: Distributed | None = None        # the run's accelerator (one process when not given)
+    train_model: torch.nn.Module | None = None  # `model` prepared by `dist` for training
+    # After optimizer step `step` (0-based) is complete and logged, every process calls
+    # `save_progress(step, state, counts)`: `state()` returns what continuing after that step
+    # needs besides the weights, the method's state_dict() and the RNGs (optimizer, schedule,
+    # report so far, ...) and is called on the main process only, when a checkpoint is due;
+    # `counts` (this process's counters) are summed over the processes into its "counters".
+    save_progress: Callable[..., None] = lambda step, state, counts=None: None
+    # The `state()` of the last saved step when the stage continues after a stop (it holds that
+    # `step` too), else None. A method must continue from it (`restore_loop` empties it; a
+    # stage given back and left untouched is an error).
+    resume: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.dist is None:
+            from clbench.train.distributed import Distributed
+
+            self.dist = Distributed.for_model(self.model, self.device)
+        if self.train_model is None:
+            self.train_model = self.dist.prepare_student(self.model)
+
+
+@dataclass
+class StageReport:
+    """What a method reports after a stage. Every method fills the counters and timings."""
+
+    steps: list[dict[str, Any]] = field(default_factory=list)   # one record per optimizer step
+    counters: dict[str, int] = field(default_factory=dict)      # generated/trained/teacher tokens
+    wall_time: dict[str, float] = field(default_factory=dict)   # seconds per phase
+    extra: dict[str, Any] = field(default_factory=dict)         # method-specific summaries
+
+    def summary(self) -> dict[str, float]:
+        """Mean of every numeric per-step field over the stage."""
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for rec in self.steps:
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                    counts[k] = counts.get(k, 0) + 1
+        return {k: sums[k] / counts[k] for k in sums}
+
+
+class Method(ABC):
+    """A training method plugin."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Config: ClassVar[type[MethodConfig]] = MethodConfig
+
+    def __init__(self, config: MethodConfig | dict[str, Any] | None = None) -> None:
+        if not isinstance(config, MethodConfig):
+            config = self.Config.model_validate(config or {})
+        self.config = config
+
+    @abstractmethod
+    def train_stage(self, ctx: StageContext) -> StageReport:
+        """Train `ctx.model` in place on one stage and report what happened."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """State kept across stages (e.g. a teacher that outlives a stage); empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (used when resuming a run)."""

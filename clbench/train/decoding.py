@@ -1,0 +1,298 @@
+"""The decode loop behind :class:`clbench.train.rollout.HFGenerator`: prefill, one token per
+live row per step, and rows dropped from the batch as soon as they end.
+
+transformers' `generate` keeps every row of a batch in every forward until the last row ends
+(an ended row decodes padding), checks stop strings through a criteria object that sees whole
+sequences, and prefills each sample of a prompt on its own. This loop does the same work for
+the rows that are still going and nothing more:
+
+- **one prefill per distinct prompt**: the samples of a prompt share its KV cache and its
+  first-token logits (rows are copied, not recomputed);
+- **ended rows leave the batch**: EOS, the row's own token cap, or a stop string in its newest
+  tokens; the KV cache keeps only the live rows, and the loop ends when none is left;
+- **stop strings on the newest tokens only** (:class:`StopScanner`), not the whole completion
+  decoded at every step;
+- **a row's draws depend on its own logits alone**: each step draws one uniform number per row
+  of the batch, live or not, and samples by inverting the row's CDF, so a row's sample does not
+  depend on which other rows have ended (a prompt cap cuts a row; it never changes what another
+  row draws).
+
+Greedy decoding picks the argmax, as `generate` does: on the same weights and dtype the tokens
+are those of `model.generate` (tests/test_rollout.py). Sampling is the same distribution as
+`generate`'s (temperature, then nucleus `top_p` with the same keep rule) with different draws.
+
+It needs a model whose forward takes a dynamic attention KV cache (every decoder-only
+transformers LM with the default cache); :func:`attention_cache` says when it does not
+(recurrent layers), and the generator falls back to `generate`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """What each row of a batch decodes: its prompt (rows of one prompt share a prefill), its
+    token cap, and when it ends (EOS ids, stop strings)."""
+
+    prompts: Sequence[int]
+    caps: Sequence[int]
+    eos_ids: frozenset[int]
+    stops: StopScanner | None = None
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen: greedy when `temperature` is 0, else a draw at that
+    temperature from the nucleus of mass `top_p`."""
+
+    temperature: float
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: RowPlan,
+           sampling: Sampling, cache: Any) -> list[list[int]]:
+    """The generated ids of each row of a left-padded batch, each ending with the token that
+    ended it (EOS, the last under its cap, or the one that completed a stop string).
+
+    `cache`: an empty dynamic KV cache for `model` (:func:`attention_cache`). Random draws come
+    from torch's global generator (the caller seeds it)."""
+    import torch
+
+    rows = input_ids.shape[0]
+    generated: list[list[int]] = [[] for _ in range(rows)]
+    live = list(range(rows))
+    logits = _prefill(model, input_ids, attention, plan.prompts, cache)
+    mask = attention
+    position = attention.long().sum(-1, keepdim=True) - 1  # last prompt token's position
+    for _ in range(max(plan.caps)):
+        uniforms = None if sampling.greedy else torch.rand(rows, device=logits.device,
+                                                           dtype=torch.float64)
+        tokens = pick_tokens(logits, sampling, None if uniforms is None else uniforms[live])
+        going = []
+        for j, (row, token) in enumerate(zip(live, tokens.tolist())):
+            generated[row].append(token)
+            if not _ended(generated[row], row, plan):
+                going.append(j)
+        if not going:
+            break
+        if len(going) < len(live):
+            keep = torch.tensor(going, device=mask.device)
+            live = [live[j] for j in going]
+            tokens, mask, position = tokens[keep], mask[keep], position[keep]
+            cache.batch_select_indices(keep)
+        mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
+        position = position + 1
+        logits = _forward(model, tokens[:, None], mask, position, cache, last_only=False)[:, -1]
+    return generated
+
+
+def _ended(ids: list[int], row: int, plan: RowPlan) -> bool:
+    return (ids[-1] in plan.eos_ids or len(ids) >= plan.caps[row]
+            or (plan.stops is not None and plan.stops.hit(ids)))
+
+
+def _prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
+             row_prompts: Sequence[int], cache: Any) -> torch.Tensor:
+    """Next-token logits of every row after its prompt, the cache filled with every row's
+    prompt: each distinct prompt computed once and copied to the rows that repeat it."""
+    import torch
+
+    first: dict[int, int] = {}  # prompt index -> its first row
+    for i, prompt in enumerate(row_prompts):
+        first.setdefault(prompt, i)
+    shared = len(first) < len(row_prompts)
+    if shared:
+        distinct = torch.tensor(list(first.values()), device=input_ids.device)
+        input_ids, attention = input_ids[distinct], attention[distinct]
+    positions = (attention.long().cumsum(-1) - 1).masked_fill(attention == 0, 0)
+    logits = _forward(model, input_ids, attention, positions, cache, last_only=True)[:, -1]
+    if shared:
+        order = {prompt: k for k, prompt in enumerate(first)}
+        copies = torch.tensor([order[p] for p in row_prompts], device=input_ids.device)
+        cache.reorder_cache(copies)
+        logits = logits[copies]
+    return logits
+
+
+def _forward(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+             cache: Any, last_only: bool) -> torch.Tensor:
+    """The model's logits (fp32, as `generate` processes them); `last_only`: for the last
+    position alone where the model can skip the others (a vocabulary row per prompt token)."""
+    params = _forward_parameters(type(model))
+    extra = {"logits_to_keep": 1} if last_only and "logits_to_keep" in params else {}
+    cache_name = "cache" if "cache" in params else "past_key_values"
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                **{cache_name: cache}, **extra)
+    return out.logits.float()
+
+
+@functools.cache
+def _forward_parameters(model_type: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_type.forward).parameters)
+
+
+def pick_tokens(logits: torch.Tensor, sampling: Sampling,
+                uniforms: torch.Tensor | None) -> torch.Tensor:
+    """One token per row of `logits` (rows x vocabulary): the argmax when greedy, else the
+    token where the row's `uniforms` value falls in its CDF at `temperature`, restricted to the
+    nucleus: the most probable tokens, in order, while the mass before each is under `top_p`
+    (the same set transformers' top-p warper keeps; at least one token)."""
+    import torch
+
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    assert uniforms is not None
+    probs = torch.softmax(logits / sampling.temperature, dim=-1)
+    order = None
+    if sampling.top_p < 1:
+        probs, order = probs.sort(dim=-1, descending=True)
+        before = probs.cumsum(-1) - probs
+        probs = probs.masked_fill(before >= sampling.top_p, 0.0)
+    cdf = probs.double().cumsum(-1)  # float64: the CDF over ~50k tokens keeps small masses
+    targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
+    picked = torch.searchsorted(cdf, targets, right=True).clamp_(max=cdf.shape[-1] - 1)
+    return picked.squeeze(-1) if order is None else order.gather(-1, picked).squeeze(-1)
+
+
+def attention_cache(model: Any, capacity: int | None = None) -> Any:
+    """An empty dynamic KV cache for `model`, or None where the loop cannot run it: recurrent
+    layers, or a model without transformers' default dynamic cache.
+
+    With a `capacity` (prompt width + new tokens), each full-attention layer writes into
+    buffers of that length (:func:`_preallocated_layer`) instead of concatenating: a dynamic
+    layer copies its whole cache at every new token, which on a CPU took a quarter of a
+    decoding step over 600-token prompts."""
+    from transformers import DynamicCache
+
+    supports = getattr(type(model), "_supports_default_dynamic_cache", None)
+    if supports is None or not supports():
+        return None
+    try:
+        cache = DynamicCache(config=model.config)
+    except TypeError:  # transformers before the cache took the model's config
+        cache = DynamicCache()
+    if any(getattr(cache, "is_linear", None) or ()):
+        return None
+    if capacity is not None:
+        _preallocate(cache, capacity)
+    return cache
+
+
+def _preallocate(cache: Any, capacity: int) -> None:
+    """Swap the cache's plain full-attention layers (sliding-window and other kinds stay) for
+    preallocated ones; nothing where the transformers version builds its layers otherwise."""
+    from transformers.cache_utils import DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    if not isinstance(layers, list):
+        return
+    for i, layer in enumerate(layers):
+        if type(layer) is DynamicLayer and not layer.is_initialized:
+            layers[i] = _preallocated_layer()(capacity)
+
+
+@functools.cache
+def _preallocated_layer() -> type:
+    """A dynamic cache layer that writes new keys and values into buffers allocated once
+    (grown by doubling if ever exceeded) and exposes the filled part as views; the same
+    values as a dynamic layer's, without its copy of the whole cache per token."""
+    from transformers.cache_utils import DynamicLayer
+
+    class PreallocatedLayer(DynamicLayer):
+        def __init__(self, capacity: int) -> None:
+            super().__init__()
+            self.capacity = capacity
+            self.length = 0
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any
+                   ) -> tuple[Any, Any]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+                shape = (*key_states.shape[:2], self.capacity, key_states.shape[-1])
+                self.key_buffer = key_states.new_empty(shape)
+                self.value_buffer = value_states.new_empty(
+                    (*shape[:3], value_states.shape[-1]))
+            end = self.length + key_states.shape[-2]
+            if end > self.key_buffer.shape[-2]:
+                self._resize(max(end, 2 * self.key_buffer.shape[-2]))
+            self.key_buffer[:, :, self.length:end] = key_states
+            self.value_buffer[:, :, self.length:end] = value_states
+            self.length = end
+            self._expose()
+            return self.keys, self.values
+
+        def _resize(self, capacity: int) -> None:
+            def grown(buffer: Any) -> Any:
+                out = buffer.new_empty((*buffer.shape[:2], capacity, buffer.shape[-1]))
+                out[:, :, :self.length] = buffer[:, :, :self.length]
+                return out
+
+            self.key_buffer, self.value_buffer = grown(self.key_buffer), grown(self.value_buffer)
+
+        def _expose(self) -> None:
+            self.keys = self.key_buffer[:, :, :self.length]
+            self.values = self.value_buffer[:, :, :self.length]
+
+        def _rows(self, select: Callable[[Any], Any]) -> None:
+            if self.is_initialized and self.length:
+                self.key_buffer, self.value_buffer = select(self.key_buffer), select(
+                    self.value_buffer)
+                self._expose()
+
+        def batch_select_indices(self, indices: Any) -> None:
+            self._rows(lambda buffer: buffer[indices])
+
+        def reorder_cache(self, beam_idx: Any) -> None:
+            self._rows(lambda buffer: buffer.index_select(0, beam_idx.to(buffer.device)))
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            self._rows(lambda buffer: buffer.repeat_interleave(repeats, dim=0))
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError("crop takes the (negative) number of tokens to remove")
+            if self.is_initialized and tokens_to_remove:
+                self.length = max(0, self.length + tokens_to_remove)
+                self._expose()
+
+        def reset(self) -> None:
+            self.length = 0
+            super().reset()
+
+    return PreallocatedLayer
+
+
+class StopScanner:
+    """Whether a completion has just produced a stop string, from its newest tokens.
+
+    A stop string completed by the newest token lies within the last (its length in bytes)
+    tokens, since every token adds at least one byte; a few more tokens of margin absorb what
+    decoding a fragment can lose at its start (a leading space, a split multi-byte character).
+    The text is cut exactly afterwards (:func:`clbench.train.rollout.finish_completion`); this
+    only ends the row, so decoding stays linear in the completion's length."""
+
+    MARGIN = 4
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: Sequence[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = tuple(stop)
+        self.window = max(len(s.encode("utf-8")) for s in self.stop) + self.MARGIN
+
+    def hit(self, completion_ids: Sequence[int]) -> bool:
+        tail = self.tokenizer.decode(list(completion_ids[-self.window:]),
+                                     skip_special_tokens=True)
+        return any(s in tail for s in self.stop)

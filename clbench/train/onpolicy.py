@@ -1,0 +1,436 @@
+"""The on-policy training loop every on-policy method shares; methods plug in an objective.
+
+One stage = `budget.steps` optimizer steps. Every `inner_updates` steps a fresh batch is built:
+1. pick `prompts_per_step` training items (:func:`clbench.train.optim.step_examples`);
+2. sample `samples_per_prompt` rollouts of each (:class:`clbench.train.rollout.Generator`),
+   each at most `budget.max_new_tokens` long, or its item's tighter cap where the task gives one
+   (:meth:`clbench.tasks.base.TaskSource.max_new_tokens_for`: the joint reference's mixture);
+3. grade every rollout with the stage's task -> reward, correct, feedback;
+4. score: old log-probs (only when several updates reuse a batch; with one update the ratio is
+   exactly 1 and the current log-probs, detached, serve) and the objective's `prepare` (GRPO:
+   advantages and reference log-probs; SDPO: teacher contexts and teacher scores);
+5. one optimizer step per update: the objective's loss on micro-batches, backward, clip, AdamW.
+
+The objective (:class:`Objective`) sees the batch and returns a loss; everything else (sampling,
+grading, counters, per-phase wall time, per-step records, lr schedule) lives here, so methods
+differ in their objective and teacher, not in plumbing.
+
+Several processes (`ctx.dist`): every rank draws the step's prompts and keeps its own share
+(whole prompts with all their samples) and samples with its own seed. The loss stays the token
+mean over the whole step: each rank sums its tokens' losses and divides by the step's token count
+over ALL ranks divided by the number of ranks (:meth:`RolloutBatch.token_mean`); DDP averages the
+ranks' gradients, so N processes take the step one process takes on the same rollouts, however
+the tokens fall on the ranks. Micro-batches accumulate without communication; only the last one
+all-reduces. Every rank runs the same forwards through the prepared student: a rank whose rows
+give no loss runs a zero-weighted one (see :class:`Objective`), and a step without a supervised
+token on any rank takes no update on any. Step records are averaged over the ranks (the loss so
+becomes the step's token mean), counters summed. Objectives compute training forwards with
+`trainer.train_model` (the prepared student) and everything without gradient with
+`trainer.model`.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from pydantic import Field
+
+from clbench.tasks.base import Example, Grade
+from clbench.train.api import Method, StageReport
+from clbench.train.logprobs import TokenLogprobs, completion_logprobs, pack_batch
+from clbench.train.losses import token_mean
+from clbench.train.optim import (
+    Counters,
+    OptimizerSettings,
+    PhaseClock,
+    build_optimizer,
+    build_scheduler,
+    loop_state,
+    optimizer_step,
+    rank_share,
+    restore_loop,
+    set_gradient_checkpointing,
+    stage_lr,
+    step_examples,
+)
+from clbench.train.rollout import Generator, HFGenerator, Rollout, SamplingParams
+
+if TYPE_CHECKING:
+    from clbench.train.api import StageContext
+
+
+class OnPolicySettings(OptimizerSettings):
+    """Fields every on-policy method shares: how batches are reused, split and stopped."""
+
+    inner_updates: int = Field(default=1, ge=1, description="Optimizer steps per generated "
+                               "batch; 1 makes the probability ratio exactly 1 at every update.")
+    micro_batch_size: int | None = Field(default=None, ge=1, description="Rollouts per forward/"
+                                         "backward pass (gradient accumulation); all at once "
+                                         "when unset.")
+    stop: list[str] = Field(default_factory=list, description="Extra stop strings for the "
+                            "training rollouts (EOS always stops).")
+
+
+@dataclass
+class RolloutBatch:
+    """The rollouts of one batch, prompt-major: rows g*n .. g*n+n-1 are prompt g's samples."""
+
+    step: int                       # first optimizer step that uses this batch
+    examples: list[Example]         # one per prompt
+    rollouts: list[Rollout]
+    grades: list[Grade]
+    group_size: int                 # samples per prompt (n)
+    rewards: torch.Tensor           # [N] float32
+    completion_mask: torch.Tensor   # [N, T] bool (T = longest completion of the batch)
+    temperature: float              # the sampler's temperature, used when scoring
+    old_logprobs: torch.Tensor | None = None  # [N, T]; None when each batch gets one update
+    extra: dict[str, Any] = field(default_factory=dict)  # what the objective prepares
+    # Set by the trainer after `Objective.prepare`: the supervised tokens of the step summed
+    # over the ranks, and the number of ranks (see `token_mean`).
+    total_tokens: int | None = None
+    world: int = 1
+
+    @property
+    def size(self) -> int:
+        return len(self.rollouts)
+
+    @property
+    def length(self) -> int:
+        return int(self.completion_mask.shape[1])
+
+    def example_of(self, row: int) -> Example:
+        return self.examples[row // self.group_size]
+
+    def prompt_ids(self, rows: range | None = None) -> list[list[int]]:
+        rows = rows if rows is not None else range(self.size)
+        return [self.rollouts[i].prompt_ids for i in rows]
+
+    def completion_ids(self, rows: range | None = None) -> list[list[int]]:
+        rows = rows if rows is not None else range(self.size)
+        return [self.rollouts[i].completion_ids for i in rows]
+
+    def groups_with_signal(self) -> float:
+        """Fraction of prompts whose samples do not all have the same reward."""
+        grouped = self.rewards.view(-1, self.group_size)
+        return float((grouped.max(dim=1).values > grouped.min(dim=1).values).float().mean())
+
+    def score(self, model: torch.nn.Module, rows: range, grad: bool,
+              chunk_size: int = 128) -> TokenLogprobs:
+        """Log-probs of rows' completions under their own prompts, padded to the batch's T.
+        Pass `trainer.train_model` when `grad` is set, so the gradients are synchronised."""
+        scored = completion_logprobs(model, self.prompt_ids(rows), self.completion_ids(rows),
+                                     grad=grad, temperature=self.temperature,
+                                     chunk_size=chunk_size)
+        return TokenLogprobs(pad_to(scored.logprobs, self.length),
+                             pad_to(scored.mask, self.length))
+
+    def token_mean(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """This rank's term of the step's token mean: sum(per_token * mask) / (T / world), T the
+        supervised tokens of all ranks (`total_tokens`).
+
+        Summed over this rank's micro-batches and averaged over the ranks (what DDP does to the
+        gradients, and the step record to the loss), it is the token mean over every rank's
+        rows: N processes reproduce one process. With one process it is
+        `token_mean(per_token, mask, T)`, bit for bit."""
+        if self.total_tokens is None:
+            raise ValueError("RolloutBatch.total_tokens is unset: the trainer sets it after "
+                             "Objective.prepare")
+        return self.rank_term(token_mean(per_token, mask, self.total_tokens))
+
+    def rank_term(self, mean: torch.Tensor) -> torch.Tensor:
+        """A mean over the step's supervised tokens of every rank (`total_tokens` in the
+        denominator) as this rank's term, averaged over the ranks like the gradients (times the
+        number of ranks; itself with one process)."""
+        return mean * self.world if self.world > 1 else mean
+
+    def token_share(self, count: float) -> float:
+        """A count over this rank's supervised tokens as this rank's term of a fraction of the
+        step's tokens (averaged over the ranks like :meth:`token_mean`)."""
+        if self.total_tokens is None:
+            raise ValueError("RolloutBatch.total_tokens is unset")
+        return count * self.world / max(self.total_tokens, 1)
+
+    def old_or_detached(self, rows: range, current: torch.Tensor) -> torch.Tensor:
+        """The sampling policy's log-probs of `rows` (the current ones, detached, on the first
+        and only update of a batch, where they are equal by definition)."""
+        if self.old_logprobs is None:
+            return current.detach()
+        return self.old_logprobs[rows.start:rows.stop].to(current.device)
+
+
+def pad_to(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """Right-pad (or cut) the second dimension of a [B, T, ...] tensor to `length` with zeros."""
+    if tensor.shape[1] == length:
+        return tensor
+    if tensor.shape[1] > length:
+        return tensor[:, :length]
+    shape = (tensor.shape[0], length - tensor.shape[1]) + tuple(tensor.shape[2:])
+    return torch.cat([tensor, tensor.new_zeros(shape)], dim=1)
+
+
+class Objective(ABC):
+    """What an on-policy method adds to the shared loop: a loss (and optionally a teacher)."""
+
+    def on_stage_start(self, trainer: OnPolicyTrainer) -> None:
+        """Called once before the first step (e.g. copy a reference or teacher model)."""
+
+    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
+        """No-grad work on a fresh batch (advantages, teacher scores); stores into `batch.extra`.
+        Returns statistics logged with the step(s) that use this batch."""
+        return {}
+
+    @abstractmethod
+    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Loss of `rows` of the batch, and statistics to be summed over micro-batches (and
+        averaged over the ranks).
+
+        Scale: summed over the batch's micro-batches it is this rank's term of the step loss;
+        for a token mean use :meth:`RolloutBatch.token_mean`, which divides by the supervised
+        tokens of every rank so that several processes take the one-process step.
+
+        Processes: every rank calls this for equally many micro-batches and, under DDP, every
+        rank must run the same number of forwards through `trainer.train_model` (one per call):
+        the ranks' backwards meet in one gradient all-reduce, and a rank that skips it leaves
+        the others waiting forever. So a loss with a graph comes from exactly one forward
+        through `trainer.train_model` (never `trainer.model`, whose gradients are not
+        synchronised); rows with nothing to learn from return a loss WITHOUT a graph (e.g.
+        `torch.zeros(())`, `grad_fn` None) and no forward: the trainer then runs the
+        zero-weighted forward itself when there are several processes, and skips the backward
+        with one."""
+
+    @abstractmethod
+    def supervised_tokens(self, batch: RolloutBatch) -> int:
+        """Number of this rank's completion tokens that receive a learning signal: the count
+        the loss is a token mean over. Called after :meth:`prepare`; the trainer sums it over
+        the ranks into `batch.total_tokens` (which :meth:`RolloutBatch.token_mean` divides by),
+        skips the step on every rank when that sum is 0, and counts it as `trained_tokens`."""
+
+    def after_step(self, trainer: OnPolicyTrainer, step: int) -> dict[str, float]:
+        """Called after each optimizer step (e.g. an EMA teacher update)."""
+        return {}
+
+    def on_stage_end(self, trainer: OnPolicyTrainer, report: StageReport) -> None:
+        """Called once after the last step (e.g. summarise teacher statistics into the report)."""
+
+    #: True when :meth:`state_dict` holds everything the objective keeps between the steps of a
+    #: stage (also when that is nothing), so the stage can continue from a checkpoint in its
+    #: middle; an objective that does not say so restarts an interrupted stage. A subclass that
+    #: adds state extends state_dict / load_state_dict (or sets this back to False).
+    resumable: ClassVar[bool] = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the objective keeps between steps of a stage (e.g. its teacher), for a
+        checkpoint in the middle of the stage (see :attr:`resumable`); empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` after :meth:`on_stage_start` (continuing a stage)."""
+
+
+class OnPolicyTrainer:
+    """Runs one stage of an on-policy method: see the module docstring."""
+
+    def __init__(self, ctx: StageContext, objective: Objective, settings: OptimizerSettings, *,
+                 inner_updates: int = 1, micro_batch_size: int | None = None,
+                 generation_batch_size: int | None = None, stop: tuple[str, ...] = (),
+                 generator: Generator | None = None, chunk_size: int = 128) -> None:
+        if inner_updates < 1:
+            raise ValueError(f"inner_updates must be >= 1, got {inner_updates}")
+        self.ctx = ctx
+        self.dist = ctx.dist
+        self.model = ctx.model              # plain student: generation, copies, no-grad scoring
+        self.train_model = ctx.train_model  # prepared student: forwards whose gradients count
+        self.objective = objective
+        self.settings = settings
+        self.inner_updates = inner_updates
+        self.micro_batch_size = micro_batch_size
+        self.chunk_size = chunk_size
+        self.stop = stop
+        budget = ctx.budget
+        world = self.dist.num_processes
+        local_prompts = len(rank_share(range(budget.prompts_per_step), 0, world, ctx.stage_name))
+        rollouts_per_batch = local_prompts * budget.samples_per_prompt
+        self.generator = generator or HFGenerator(
+            ctx.model, ctx.tokenizer, batch_size=generation_batch_size or rollouts_per_batch)
+        self.lr = stage_lr(settings, budget)
+        self.clock = PhaseClock()
+        self.counters = Counters()
+        set_gradient_checkpointing(self.model, settings)
+        self.optimizer = self.dist.prepare_optimizer(build_optimizer(self.model, settings,
+                                                                     self.lr))
+        self.scheduler = build_scheduler(self.optimizer, settings, budget.steps)
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
+        """Sample, grade and score a fresh batch for optimizer step `step`."""
+        ctx, budget = self.ctx, self.ctx.budget
+        dist = self.dist
+        examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed,
+                                 rank=dist.process_index, world=dist.num_processes,
+                                 stage=ctx.stage_name)
+        params = SamplingParams.from_budget(budget, seed=_mix(ctx.seed, step, dist.process_index),
+                                            stop=self.stop)
+        caps = [ctx.task.max_new_tokens_for(e) for e in examples]
+        if any(c is not None for c in caps):  # items under a tighter cap than the stage's
+            params = replace(params, prompt_max_new_tokens=tuple(
+                budget.max_new_tokens if c is None else min(c, budget.max_new_tokens)
+                for c in caps))
+        with self.clock.phase("generate"):
+            rollouts = self.generator.generate([e.messages for e in examples], params)
+        over = [r for r in rollouts if r.num_tokens > params.cap_of(r.prompt_index)]
+        if over:  # a backend that ignores the caps would train on more than the budget allows
+            raise RuntimeError(f"{type(self.generator).__name__} returned a rollout of "
+                               f"{over[0].num_tokens} tokens for a prompt capped at "
+                               f"{params.cap_of(over[0].prompt_index)} (SamplingParams.cap_of)")
+        with self.clock.phase("grade"):
+            grades = [ctx.task.grade(examples[r.prompt_index], r.text) for r in rollouts]
+        device = next(self.model.parameters()).device
+        mask = pack_batch([r.prompt_ids for r in rollouts],
+                          [r.completion_ids for r in rollouts]).completion_mask.to(device)
+        batch = RolloutBatch(
+            step=step, examples=examples, rollouts=rollouts, grades=grades,
+            group_size=budget.samples_per_prompt,
+            rewards=torch.tensor([g.reward for g in grades], dtype=torch.float32, device=device),
+            completion_mask=mask,
+            temperature=budget.temperature if budget.temperature > 0 else 1.0)
+        self.counters.add("generated_tokens", sum(r.num_tokens for r in rollouts))
+        self.counters.add("rollouts", len(rollouts))
+        self.counters.add("prompts", len(examples))
+        with self.clock.phase("score"):
+            if self.inner_updates > 1:
+                parts = [batch.score(self.model, rows, grad=False, chunk_size=self.chunk_size)
+                         .logprobs for rows in self.micro_batches(batch)]
+                batch.old_logprobs = torch.cat(parts)
+            stats = self.objective.prepare(batch, self)
+            batch.world = dist.num_processes
+            batch.total_tokens = dist.sum_int(self.objective.supervised_tokens(batch))
+        return batch, stats
+
+    def micro_batches(self, batch: RolloutBatch) -> list[range]:
+        size = self.micro_batch_size or batch.size
+        return [range(s, min(s + size, batch.size)) for s in range(0, batch.size, size)]
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """One optimizer step on `batch`; returns loss, gradient norm, lr and objective stats."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
+        sums: dict[str, float] = {}
+        parts = self.micro_batches(batch)
+        if batch.total_tokens == 0:
+            # No rank has a token to learn from: no forward or backward on any rank, and the
+            # optimizer skips every parameter (no decay-only update); the schedule advances.
+            parts = []
+        with self.clock.phase("backward"):
+            for i, rows in enumerate(parts):
+                with self.dist.no_sync(self.train_model, sync=i == len(parts) - 1):
+                    loss, stats = self.objective.loss(batch, rows, self)
+                    if loss.grad_fn is None and self.dist.num_processes > 1:
+                        loss = loss.detach().to(batch.rewards.device) + \
+                            self.zero_weighted_forward(batch, rows)
+                    if loss.requires_grad:
+                        self.dist.backward(loss)
+                total_loss += float(loss.detach())
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        with self.clock.phase("step"):
+            grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler,
+                                           self.settings.max_grad_norm)
+        self.model.eval()
+        self.counters.add("trained_tokens", self.objective.supervised_tokens(batch))
+        self.counters.add("optimizer_steps", 1)
+        return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, **sums}
+
+    def zero_weighted_forward(self, batch: RolloutBatch, rows: range) -> torch.Tensor:
+        """0 times the log-probs of one row scored through `train_model`: a loss whose backward
+        reaches every parameter with a zero gradient, so that a rank without a loss of its own
+        still joins the ranks' gradient all-reduce (see :meth:`Objective.loss`)."""
+        probe = batch.score(self.train_model, range(rows.start, rows.start + 1), grad=True,
+                            chunk_size=self.chunk_size)
+        return probe.logprobs.sum() * 0.0
+
+    # -- the stage -----------------------------------------------------------------------------
+
+    def run(self) -> StageReport:
+        """All optimizer steps of the stage; per-step records go to `ctx.log_step` too."""
+        with self.dist.autocast():
+            return self._run()
+
+    def _run(self) -> StageReport:
+        report = StageReport()
+        self.objective.on_stage_start(self)
+        start = 0
+        if self.ctx.resume is not None:  # continuing the stage after a stop
+            self.objective.load_state_dict(self.ctx.resume["objective"])
+            start = restore_loop(self.ctx.resume, self.dist, self.optimizer, self.scheduler,
+                                 self.clock, self.counters, report.steps)
+        batch: RolloutBatch | None = None
+        batch_stats: dict[str, float] = {}
+        for step in range(start, self.ctx.budget.steps):
+            started = time.perf_counter()
+            if step % self.inner_updates == 0:
+                batch, batch_stats = self.collect(step)
+            assert batch is not None
+            record: dict[str, Any] = {"step": step + 1, **self.update(batch)}
+            record.update(batch_summary(batch))
+            record.update(batch_stats)
+            record.update(self.objective.after_step(self, step))
+            record["seconds"] = time.perf_counter() - started
+            record = self.dist.mean_record(record)
+            report.steps.append(record)
+            self.ctx.log_step(record)
+            # at a batch boundary: no batch is reused past this step
+            if self.objective.resumable and (step + 1) % self.inner_updates == 0:
+                self.ctx.save_progress(step, lambda step=step: {
+                    **loop_state(step, self.optimizer, self.scheduler, self.clock, report.steps),
+                    "objective": self.objective.state_dict()}, self.counters.values)
+        report.counters = self.dist.sum_counts(self.counters.values)
+        report.wall_time = self.clock.snapshot()
+        report.extra["lr"] = self.lr
+        self.objective.on_stage_end(self, report)
+        return report
+
+
+def batch_summary(batch: RolloutBatch) -> dict[str, float]:
+    """Reward, correctness, signal and length statistics of a batch (logged every step)."""
+    lengths = [r.num_tokens for r in batch.rollouts]
+    return {
+        "reward_mean": float(batch.rewards.mean()),
+        "reward_std": float(batch.rewards.std()) if batch.size > 1 else 0.0,
+        "correct_rate": sum(g.correct for g in batch.grades) / batch.size,
+        "groups_with_signal": batch.groups_with_signal(),
+        "completion_tokens_mean": sum(lengths) / len(lengths),
+        "finished_rate": sum(r.finished for r in batch.rollouts) / batch.size,
+    }
+
+
+def _mix(seed: int, step: int, rank: int = 0) -> int:
+    """A sampling seed per (run seed, step, rank); different steps never share a seed, and
+    rank 0 samples what a single process samples."""
+    mixed = (seed * 2_654_435_761 + step * 40_503 + 1) % (2**31 - 1)
+    if rank:
+        mixed = (mixed * 1_000_003 + rank * 2_246_822_519) % (2**31 - 1)
+    return mixed
+
+
+class OnPolicyMethod(Method):
+    """A method made of the shared on-policy loop plus an objective (GRPO, the SDPO family)."""
+
+    config: OnPolicySettings
+
+    @abstractmethod
+    def make_objective(self) -> Objective:
+        """A fresh objective for one stage."""
+
+    def train_stage(self, ctx: StageContext) -> StageReport:
+        cfg = self.config
+        trainer = OnPolicyTrainer(ctx, self.make_objective(), cfg,
+                                  inner_updates=cfg.inner_updates,
+                                  micro_batch_size=cfg.micro_batch_size, stop=tuple(cfg.stop))
+        return trainer.run()

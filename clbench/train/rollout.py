@@ -1,0 +1,389 @@
+"""Rollouts: sampling completions of chat prompts, the interface and its transformers backend.
+
+A :class:`Generator` turns chat prompts into :class:`Rollout` records (n samples per prompt).
+:class:`HFGenerator` decodes batches of left-padded prompts with a KV cache through the loop of
+:mod:`clbench.train.decoding` (`model.generate` for models whose cache that loop cannot run);
+another backend (vLLM) only has to implement :meth:`Generator.generate_from_ids`.
+
+Conventions every backend keeps:
+- prompts are chats, encoded with `apply_chat_template(add_generation_prompt=True)` (and the start
+  of the response, when a chat holds one: :func:`encode_chat`);
+- rollouts come out prompt-major: all samples of prompt 0, then prompt 1, ...;
+- EOS: the completion ids end with the EOS token (the model did emit it, and training on it teaches
+  stopping); the text never contains it;
+- stop strings: the text is cut right before the earliest stop string; the ids keep every token up
+  to and including the one that completed the stop string; `finished` is then True;
+- `finished` is False only when the token cap ran out first: `max_new_tokens`, or a prompt's
+  own cap in `prompt_max_new_tokens` (a row holds what the same batch and seed would give it
+  under a uniform cap of that size: the cap cuts a row, it never changes what the row draws);
+- temperature 0 means greedy; otherwise pure sampling at that temperature with nucleus `top_p`
+  (no top-k, no repetition penalty: the log-probs the methods compute must describe the sampler);
+- the same `seed`, inputs, batch size and device give the same samples;
+- the samples of a prompt share one prefill of it, and a row's draws depend on its own logits
+  alone (:mod:`clbench.train.decoding`): the same distribution as separate prefills, though in
+  bf16 some samples differ (a batch of another shape rounds differently, and a sampled token
+  near a tie flips);
+- under mixed precision (an enclosing autocast) each weight is cast to the compute dtype once per
+  generation call, not once per decoded token (:func:`weights_cast_once`): the same values, so
+  the same samples (benchmarks/generation.py measures the gain, docs/performance.md).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from clbench.tasks.base import Messages, split_response_start
+from clbench.train import decoding
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from clbench.spec.schema import Budget, DecodingSpec
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample: samples per prompt, temperature (0 = greedy), nucleus, length, stops, seed.
+
+    `prompt_max_new_tokens`, when given, holds one cap per prompt (each at most
+    `max_new_tokens`): the joint reference trains items of several stages at once, each under
+    its own stage's cap.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int = 0
+    prompt_max_new_tokens: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+        if self.prompt_max_new_tokens is not None and any(
+                not 1 <= c <= self.max_new_tokens for c in self.prompt_max_new_tokens):
+            raise ValueError(f"each prompt's max_new_tokens must lie in [1, "
+                             f"{self.max_new_tokens}], got {list(self.prompt_max_new_tokens)}")
+
+    def cap_of(self, prompt_index: int) -> int:
+        """The token cap of one prompt's rollouts."""
+        if self.prompt_max_new_tokens is None:
+            return self.max_new_tokens
+        return self.prompt_max_new_tokens[prompt_index]
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @classmethod
+    def from_budget(cls, budget: Budget, seed: int = 0, stop: Sequence[str] = ()
+                    ) -> SamplingParams:
+        """Training rollouts of a stage: `samples_per_prompt` samples at the budget's
+        temperature."""
+        return cls(n=budget.samples_per_prompt, temperature=budget.temperature,
+                   top_p=budget.top_p, max_new_tokens=budget.max_new_tokens, stop=tuple(stop),
+                   seed=seed)
+
+    @classmethod
+    def from_decoding(cls, decoding: DecodingSpec, seed: int = 0, stop: Sequence[str] = ()
+                      ) -> SamplingParams:
+        """Evaluation decoding of a protocol: one sample per prompt (greedy by default)."""
+        return cls(n=1, temperature=decoding.temperature, top_p=decoding.top_p,
+                   max_new_tokens=decoding.max_new_tokens, stop=tuple(stop), seed=seed)
+
+
+@dataclass
+class Rollout:
+    """One sampled completion of one prompt."""
+
+    prompt_index: int
+    sample_index: int
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    finished: bool
+    metadata: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.completion_ids)
+
+
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[int]:
+    """Token ids of a chat prompt ending with the assistant generation header, then the start
+    of the response when the chat ends with one (:func:`clbench.tasks.base.split_response_start`:
+    a final assistant turn the model continues, written after the header as it is, the way
+    reasoning models' templates open their `<think>` block; independent of how a template or a
+    transformers version would close or strip such a turn)."""
+    # The template already writes any BOS it wants; adding special tokens again would double it.
+    return list(tokenizer(chat_prompt_text(tokenizer, messages),
+                          add_special_tokens=False)["input_ids"])
+
+
+def chat_prompt_text(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> str:
+    """The text :func:`encode_chat` encodes: the chat template with the generation header,
+    then the start of the response when the chat holds one."""
+    head, start = split_response_start(messages)
+    return tokenizer.apply_chat_template(head, add_generation_prompt=True, tokenize=False) + start
+
+
+class Generator(ABC):
+    """Samples completions. Backends implement :meth:`generate_from_ids`."""
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def generate(self, prompts: Sequence[Messages], params: SamplingParams) -> list[Rollout]:
+        """`params.n` rollouts per chat prompt, prompt-major."""
+        return self.generate_from_ids([encode_chat(self.tokenizer, m) for m in prompts], params)
+
+    @abstractmethod
+    def generate_from_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams
+                          ) -> list[Rollout]:
+        """`params.n` rollouts per already-encoded prompt, prompt-major; a backend honours
+        each prompt's cap (:meth:`SamplingParams.cap_of`)."""
+
+
+class HFGenerator(Generator):
+    """`transformers` models: batches of `batch_size` sequences, left padded, KV cache."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 batch_size: int = 16) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    def eos_token_ids(self) -> set[int]:
+        """Every id that ends a completion: the tokenizer's EOS and the model's configured ones."""
+        ids: set[int] = set()
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        configured = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if isinstance(configured, int):
+            ids.add(configured)
+        elif configured:
+            ids.update(int(i) for i in configured)
+        return ids
+
+    def generate_from_ids(self, prompt_ids: Sequence[list[int]], params: SamplingParams
+                          ) -> list[Rollout]:
+        caps = params.prompt_max_new_tokens
+        if caps is not None and len(caps) != len(prompt_ids):
+            raise ValueError(f"{len(caps)} prompt caps for {len(prompt_ids)} prompts")
+        rows = [(p, s) for p in range(len(prompt_ids)) for s in range(params.n)]
+        eos_ids = self.eos_token_ids()
+        was_training = self.model.training
+        self.model.eval()
+        out: list[Rollout] = []
+        try:
+            with weights_cast_once(self.model.device.type):
+                for batch_no, start in enumerate(range(0, len(rows), self.batch_size)):
+                    chunk = rows[start:start + self.batch_size]
+                    out += self._generate_rows(prompt_ids, chunk, params, eos_ids, batch_no)
+            return out
+        finally:
+            self.model.train(was_training)
+
+    def _generate_rows(self, prompt_ids: Sequence[list[int]], chunk: list[tuple[int, int]],
+                       params: SamplingParams, eos_ids: set[int], batch_no: int
+                       ) -> list[Rollout]:
+        """One batch of (prompt, sample) rows."""
+        import torch
+
+        sequences = [list(prompt_ids[p]) for p, _ in chunk]
+        row_caps = [params.cap_of(p) for p, _ in chunk]
+        with torch.random.fork_rng(devices=self._rng_devices()):
+            # One seed per batch, so a batch's samples do not depend on earlier batches.
+            torch.manual_seed(_batch_seed(params.seed, batch_no))
+            generated = self._generate_batch(sequences, params, eos_ids, row_caps,
+                                             [p for p, _ in chunk])
+        out: list[Rollout] = []
+        for (p, s), ids, cap in zip(chunk, generated, row_caps):
+            completion, text, finished = finish_completion(ids[:cap], self.tokenizer, eos_ids,
+                                                           params.stop)
+            out.append(Rollout(p, s, list(prompt_ids[p]), completion, text, finished))
+        return out
+
+    def _rng_devices(self) -> list:
+        device = self.model.device
+        return [device] if device.type == "cuda" else []
+
+    def _generate_batch(self, sequences: list[list[int]], params: SamplingParams,
+                        eos_ids: set[int], row_caps: list[int], row_prompts: list[int]
+                        ) -> list[list[int]]:
+        """Generated ids per row, ending at the token that ended it (the caller trims at EOS
+        and stop strings); `row_prompts`: each row's prompt index (a prompt's samples share
+        it). The decode loop of :mod:`clbench.train.decoding`, or `generate` for a model whose
+        cache it cannot run."""
+        import torch
+
+        pad_id = self.tokenizer.pad_token_id
+        width = max(len(s) for s in sequences)
+        input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(sequences), width), dtype=torch.long)
+        for i, seq in enumerate(sequences):
+            input_ids[i, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            attention[i, width - len(seq):] = 1
+        device = self.model.device
+        input_ids, attention = input_ids.to(device), attention.to(device)
+        stops = decoding.StopScanner(self.tokenizer, params.stop) if params.stop else None
+        cache = decoding.attention_cache(self.model, capacity=width + max(row_caps))
+        with torch.no_grad():
+            if cache is not None:
+                plan = decoding.RowPlan(row_prompts, row_caps, frozenset(eos_ids), stops)
+                return decoding.decode(self.model, input_ids, attention, plan,
+                                       decoding.Sampling(params.temperature, params.top_p), cache)
+            return self._generate_with_transformers(input_ids, attention, params, eos_ids,
+                                                    row_caps, stops)
+
+    def _generate_with_transformers(self, input_ids: torch.Tensor, attention: torch.Tensor,
+                                    params: SamplingParams, eos_ids: set[int],
+                                    row_caps: list[int], stops: Any) -> list[list[int]]:
+        """`model.generate`, for models with recurrent layers or their own cache: every row
+        decodes until the batch ends, each sample prefills its prompt."""
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        width = input_ids.shape[1]
+        # A fresh config, not the model's, and the model's hidden while generating
+        # (:func:`checkpoint_defaults_hidden`): checkpoints ship sampling defaults (top_k=50,
+        # repetition penalties) that would make the sampler differ from the scored policy.
+        config = GenerationConfig(
+            max_new_tokens=max(row_caps), do_sample=not params.greedy,
+            temperature=params.temperature if not params.greedy else None,
+            top_p=params.top_p if not params.greedy else None, top_k=0 if not params.greedy
+            else None, eos_token_id=sorted(eos_ids) or None,
+            pad_token_id=self.tokenizer.pad_token_id, bos_token_id=None, use_cache=True)
+        criteria = StoppingCriteriaList()
+        if stops is not None:
+            criteria.append(StopStringCriteria(stops, width))
+        if min(row_caps) < max(row_caps):
+            criteria.append(RowCapCriteria(row_caps, width))
+        with checkpoint_defaults_hidden(self.model, config):
+            result = self.model.generate(input_ids=input_ids, attention_mask=attention,
+                                         generation_config=config, stopping_criteria=criteria)
+        return result[:, width:].tolist()
+
+
+@contextmanager
+def checkpoint_defaults_hidden(model: Any, config: Any) -> Iterator[None]:
+    """While generating, the model's own generation config is `config`.
+
+    transformers (5.x) fills every setting a passed config leaves unset from the checkpoint's
+    generation config, so a checkpoint's `repetition_penalty`, `min_p` or `num_beams` would reach
+    the sampler and the samples would no longer come from the policy the methods score."""
+    saved = getattr(model, "generation_config", None)
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+@contextmanager
+def weights_cast_once(device_type: str) -> Iterator[None]:
+    """Inside an enclosing autocast (mixed precision), keep each weight's cast to the compute
+    dtype for the whole block instead of casting it again at every forward.
+
+    A run's autocast has its cast cache off, because it spans optimizer steps and a cached cast
+    would outlive the weights it came from. A generation call changes no weight, and it runs one
+    forward per new token, so there it casts once and the cache is dropped on the way out (the
+    next call sees the weights as they are then). Outside an autocast it does nothing."""
+    import torch
+
+    if not torch.is_autocast_enabled(device_type):
+        yield
+        return
+    with torch.autocast(device_type, dtype=torch.get_autocast_dtype(device_type),
+                        cache_enabled=True):
+        try:
+            yield
+        finally:
+            torch.clear_autocast_cache()
+
+
+class StopStringCriteria:
+    """`generate`'s stopping criterion for stop strings: a row is done once its newest tokens
+    hold one (:class:`clbench.train.decoding.StopScanner`; exact for any tokenizer, where
+    transformers' own matcher reasons about token spellings and misfires on character-level
+    vocabularies)."""
+
+    def __init__(self, scanner: Any, prompt_width: int) -> None:
+        self.scanner = scanner
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        done = [self.scanner.hit(row[self.prompt_width:]) for row in input_ids.tolist()]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class RowCapCriteria:
+    """Marks each row done at its own token cap, so the batch ends as soon as every row is
+    done (it runs to the largest cap otherwise); the ids past a row's cap are cut by the
+    caller either way."""
+
+    def __init__(self, caps: Sequence[int], prompt_width: int) -> None:
+        self.caps = list(caps)
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+
+        made = input_ids.shape[1] - self.prompt_width
+        return torch.tensor([made >= c for c in self.caps], dtype=torch.bool,
+                            device=input_ids.device)
+
+
+def _batch_seed(seed: int, batch_no: int) -> int:
+    return (seed * 1_000_003 + batch_no) % (2**63 - 1)
+
+
+def finish_completion(generated: list[int], tokenizer: PreTrainedTokenizerBase,
+                      eos_ids: set[int], stop: Sequence[str] = ()
+                      ) -> tuple[list[int], str, bool]:
+    """Trim raw generated ids at EOS or the earliest stop string: `(ids, text, finished)`.
+
+    See the module docstring for what is kept on each side of the cut.
+    """
+    ids = list(generated)
+    finished = False
+    for i, tok in enumerate(ids):
+        if tok in eos_ids:
+            ids, finished = ids[:i + 1], True
+            break
+    body = ids[:-1] if finished else ids
+    text = tokenizer.decode(body, skip_special_tokens=True)
+    cut = _earliest_stop(text, stop)
+    if cut is None:
+        return ids, text, finished
+    # Fewest tokens whose decoded text already contains a stop string (containment grows with
+    # the prefix, so bisect).
+    lo, hi = 1, len(body)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _earliest_stop(tokenizer.decode(body[:mid], skip_special_tokens=True), stop) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    return body[:lo], text[:cut], True
+
+
+def _earliest_stop(text: str, stop: Sequence[str]) -> int | None:
+    positions = [p for p in (text.find(s) for s in stop) if p >= 0]
+    return min(positions) if positions else None
