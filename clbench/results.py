@@ -87,6 +87,8 @@ class Column(Record):
     stage: int | None = Field(default=None, ge=1, description="1-based stage that trains this "
                               "column; None for probes.")
     source: str = Field(description="Task source name, or `lm_eval:<task>` for lm-eval probes.")
+    source_version: str | None = Field(default=None, description="The task source's `version` "
+                                       "(None: recorded before versions were; read as \"1\").")
 
     @model_validator(mode="after")
     def _stage_iff_stream(self) -> Column:
@@ -140,7 +142,9 @@ class MethodInfo(Record):
     name: str
     config: dict[str, Any] = Field(default_factory=dict, description="Resolved config, "
                                    "defaults included.")
-    distribution: str | None = None
+    distribution: str | None = Field(default=None, description="The installed distribution "
+                                     "the method came from.")
+    version: str | None = Field(default=None, description="That distribution's version.")
 
 
 class ModelInfo(Record):
@@ -214,20 +218,27 @@ class RunResult(Record):
         return [[None if c is None else c.score for c in row] for row in self.matrix]
 
 
-def columns_for_suite(suite: SuiteSpec) -> list[Column]:
-    """The columns of R for `suite`: its stages in order, then its probes."""
-    cols = [Column(name=s.name, kind="stream", stage=i + 1, source=s.task.source)
+def columns_for_suite(suite: SuiteSpec, source_versions: dict[str, str] | None = None
+                      ) -> list[Column]:
+    """The columns of R for `suite`: its stages in order, then its probes; `source_versions`
+    gives each task source's `version`."""
+    versions = source_versions or {}
+    cols = [Column(name=s.name, kind="stream", stage=i + 1, source=s.task.source,
+                   source_version=versions.get(s.task.source))
             for i, s in enumerate(suite.stages)]
     for p in suite.probes:
         # a probe is validated to have either a task or an lm-eval task
         lm_eval_task = p.lm_eval.task if p.lm_eval else None
         source = p.task.source if p.task else f"lm_eval:{lm_eval_task}"
-        cols.append(Column(name=p.name, kind=p.kind, source=source))
+        cols.append(Column(name=p.name, kind=p.kind, source=source,
+                           source_version=versions.get(source)))
     return cols
 
 
 def new_result(run: RunSpec, method_config: dict[str, Any] | None = None,
-               method_distribution: str | None = None) -> RunResult:
+               method_distribution: str | None = None,
+               method_version: str | None = None,
+               source_versions: dict[str, str] | None = None) -> RunResult:
     """An empty `partial` result for `run`: provenance filled in, no rows yet."""
     return RunResult(
         status="partial",
@@ -236,13 +247,13 @@ def new_result(run: RunSpec, method_config: dict[str, Any] | None = None,
         method=MethodInfo(name=run.method.name,
                           config=method_config if method_config is not None
                           else dict(run.method.params),
-                          distribution=method_distribution),
+                          distribution=method_distribution, version=method_version),
         model=ModelInfo(spec=run.model.model_dump(mode="json")),
         seed=run.seed,
         joint=run.joint,
         versions=collect_versions(),
         git_revision=git_revision(),
-        columns=columns_for_suite(run.suite),
+        columns=columns_for_suite(run.suite, source_versions),
     )
 
 

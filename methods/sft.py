@@ -13,28 +13,16 @@ The reference code of the paper has no SFT baseline: this one is new to clbench.
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from clbench.tasks.base import continuation
+from clbench.tasks.base import Example, continuation
 from clbench.train.api import Method, StageContext, StageReport
 from clbench.train.logprobs import completion_logprobs
-from clbench.train.losses import token_mean
-from clbench.train.optim import (
-    Counters,
-    OptimizerSettings,
-    PhaseClock,
-    build_optimizer,
-    build_scheduler,
-    loop_state,
-    optimizer_step,
-    restore_loop,
-    set_gradient_checkpointing,
-    stage_lr,
-    step_examples,
-)
+from clbench.train.loop import StepBatch, StepHooks, TrainingLoop
+from clbench.train.optim import OptimizerSettings, step_examples
 from clbench.train.rollout import encode_chat
 
 
@@ -52,6 +40,13 @@ class SFTConfig(OptimizerSettings):
                              "reference so the model learns to stop.")
 
 
+@dataclass
+class ReferenceBatch(StepBatch):
+    """One step's items as (prompt ids, reference response ids) pairs."""
+
+    pairs: list[tuple[list[int], list[int]]]
+
+
 class SFT(Method):
     """Supervised fine-tuning on reference solutions."""
 
@@ -61,7 +56,7 @@ class SFT(Method):
     Config: ClassVar[type[SFTConfig]] = SFTConfig
     config: SFTConfig
 
-    def encode(self, ctx: StageContext, example: Any) -> tuple[list[int], list[int]]:
+    def encode(self, ctx: StageContext, example: Example) -> tuple[list[int], list[int]]:
         """(prompt ids, response ids) of one training item."""
         tokenizer = ctx.tokenizer
         prompt = encode_chat(tokenizer, example.messages)
@@ -71,65 +66,49 @@ class SFT(Method):
             response.append(int(tokenizer.eos_token_id))
         return prompt, response
 
-    def train_stage(self, ctx: StageContext) -> StageReport:
-        with ctx.dist.autocast():
-            return self._train(ctx)
+    def hooks(self, ctx: StageContext) -> StepHooks:
+        """What SFT plugs into the shared training loop (a subclass that adds a penalty or mixes
+        in other items extends these)."""
+        return SFTHooks(self, ctx)
 
-    def _train(self, ctx: StageContext) -> StageReport:
-        cfg, budget, model, dist = self.config, ctx.budget, ctx.model, ctx.dist
-        lr = stage_lr(cfg, budget)
-        set_gradient_checkpointing(model, cfg)
-        optimizer = dist.prepare_optimizer(build_optimizer(model, cfg, lr))
-        scheduler = build_scheduler(optimizer, cfg, budget.steps)
-        clock, counters, report = PhaseClock(), Counters(), StageReport()
-        start = 0
-        if ctx.resume is not None:  # continuing the stage after a stop
-            start = restore_loop(ctx.resume, dist, optimizer, scheduler, clock, counters,
-                                 report.steps)
-        for step in range(start, budget.steps):
-            started = time.perf_counter()
-            examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed,
-                                     rank=dist.process_index, world=dist.num_processes,
-                                     stage=ctx.stage_name)
-            pairs = [self.encode(ctx, e) for e in examples]
-            normalizer = sum(len(r) for _, r in pairs)
-            # the step's response tokens, every rank's; rank losses are scaled by `world` since
-            # DDP averages gradients (see the module docstring)
-            all_tokens, world = dist.sum_int(normalizer), dist.num_processes
-            size = cfg.micro_batch_size or len(pairs)
-            model.train()
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            starts = range(0, len(pairs), size)
-            with clock.phase("backward"):
-                for s in starts:
-                    part = pairs[s:s + size]
-                    # Only the last micro-batch all-reduces gradients (several processes).
-                    with dist.no_sync(ctx.train_model, sync=s == starts[-1]):
-                        scored = completion_logprobs(ctx.train_model, [p for p, _ in part],
-                                                     [r for _, r in part], grad=True)
-                        loss = -token_mean(scored.logprobs, scored.mask, all_tokens)
-                        if world > 1:
-                            loss = loss * world
-                        dist.backward(loss)
-                    total += float(loss.detach())
-            with clock.phase("step"):
-                grad_norm, current_lr = optimizer_step(model, optimizer, scheduler,
-                                                       cfg.max_grad_norm)
-            model.eval()
-            counters.add("trained_tokens", normalizer)
-            counters.add("prompts", len(pairs))
-            counters.add("optimizer_steps", 1)
-            record = {"step": step + 1, "loss": total, "grad_norm": grad_norm, "lr": current_lr,
-                      "supervised_token_fraction": 1.0,
-                      "response_tokens_mean": normalizer / len(pairs),
-                      "seconds": time.perf_counter() - started}
-            record = dist.mean_record(record)
-            report.steps.append(record)
-            ctx.log_step(record)
-            ctx.save_progress(step, lambda step=step: loop_state(
-                step, optimizer, scheduler, clock, report.steps), counters.values)
-        report.counters = dist.sum_counts(counters.values)
-        report.wall_time = clock.snapshot()
-        report.extra["lr"] = lr
-        return report
+    def train_stage(self, ctx: StageContext) -> StageReport:
+        return TrainingLoop(ctx, self.config, self.hooks(ctx)).run()
+
+
+class SFTHooks(StepHooks):
+    """SFT's part of the training loop: a step's items with their references, the NLL loss."""
+
+    def __init__(self, method: SFT, ctx: StageContext) -> None:
+        self.method = method
+        self.ctx = ctx
+
+    def step_items(self, loop: TrainingLoop, step: int) -> list[Example]:
+        """The items step `step` trains on (this process's share): the on-policy methods'."""
+        ctx, dist = self.ctx, loop.dist
+        return step_examples(ctx.train_examples, ctx.budget.prompts_per_step, step, ctx.seed,
+                             rank=dist.process_index, world=dist.num_processes,
+                             stage=ctx.stage_name)
+
+    def build_batch(self, loop: TrainingLoop, step: int) -> tuple[StepBatch, dict[str, float]]:
+        pairs = [self.method.encode(self.ctx, e) for e in self.step_items(loop, step)]
+        loop.counters.add("prompts", len(pairs))
+        return ReferenceBatch(pairs=pairs), {}
+
+    def supervised_tokens(self, batch: StepBatch) -> int:
+        assert isinstance(batch, ReferenceBatch)
+        return sum(len(response) for _, response in batch.pairs)
+
+    def micro_batches(self, batch: StepBatch) -> list[Any]:
+        assert isinstance(batch, ReferenceBatch)
+        size = self.method.config.micro_batch_size or len(batch.pairs)
+        return [batch.pairs[s:s + size] for s in range(0, len(batch.pairs), size)]
+
+    def loss(self, loop: TrainingLoop, batch: StepBatch, part: Any) -> tuple[Any, dict[str, float]]:
+        scored = completion_logprobs(loop.train_model, [p for p, _ in part],
+                                     [r for _, r in part], grad=True)
+        return -batch.token_mean(scored.logprobs, scored.mask), {}
+
+    def step_stats(self, batch: StepBatch) -> dict[str, float]:
+        assert isinstance(batch, ReferenceBatch)
+        return {"supervised_token_fraction": 1.0,
+                "response_tokens_mean": self.supervised_tokens(batch) / len(batch.pairs)}

@@ -6,6 +6,11 @@ finds them, loads them lazily (a plugin that fails to import only breaks when it
 validates their parameters against their own config models, and turns every mistake into a
 :class:`PluginError` that names what is known, what was meant and which distribution is at fault.
 
+A method can also be named by where it is, `package.module:Class` (`clbench run --method
+my_pkg.method:MyMethod`): a class in development runs without an entry point, with the same
+checks. A plugin's config (or a task source's parameters) must document every field: the
+descriptions are its command-line help.
+
 Tests swap the entry-point source with :func:`using_entry_points` (whole replacement) or
 :func:`extra_plugins` (fakes on top of what is installed); both clear the caches on entry and exit.
 """
@@ -155,6 +160,55 @@ def _dist_name(entry_point: Any) -> str | None:
     return getattr(dist, "name", None) if dist is not None else None
 
 
+def _dist_version(entry_point: Any) -> str | None:
+    dist = getattr(entry_point, "dist", None)
+    version = getattr(dist, "version", None) if dist is not None else None
+    return str(version) if version is not None else None
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a plugin came from, as results record it."""
+
+    distribution: str | None  # the installed distribution that declares (or holds) it
+    version: str | None       # that distribution's version
+    target: str               # `module:attribute`
+
+
+class _PathEntryPoint:
+    """A method named by its location (`package.module:Class`) instead of an entry point."""
+
+    def __init__(self, name: str, group: str) -> None:
+        self.name = self.value = name
+        self.group = group
+        top = name.split(":", 1)[0].split(".", 1)[0]
+        dists = importlib.metadata.packages_distributions().get(top, [])
+        self.dist = importlib.metadata.distribution(dists[0]) if dists else None
+
+    def load(self) -> Any:
+        import importlib
+
+        module, _, attribute = self.name.partition(":")
+        obj: Any = importlib.import_module(module)
+        for part in attribute.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+
+def _is_location(group: str, name: str) -> bool:
+    """`package.module:Class`, which only methods may be named by."""
+    module, _, attribute = name.partition(":")
+    return (group == METHODS_GROUP and bool(module) and bool(attribute)
+            and all(p.isidentifier() for p in module.split(".") + attribute.split(".")))
+
+
+def _candidates(group: str, name: str) -> list[Any]:
+    found = _group_entries(group).get(name)
+    if not found and _is_location(group, name):
+        return [_PathEntryPoint(name, group)]
+    return found or []
+
+
 def _group_entries(group: str) -> dict[str, list[Any]]:
     """Entry points of `group` by name; a name declared by two distributions keeps both."""
     if group not in GROUPS:
@@ -190,7 +244,7 @@ def _load_class(group: str, name: str) -> type:
     key = (group, name)
     if key in _loaded:
         return _loaded[key]
-    candidates = _group_entries(group).get(name)
+    candidates = _candidates(group, name)
     if not candidates:
         raise _unknown_name_error(group, name)
     kind = _KIND[group]
@@ -218,8 +272,32 @@ def _load_class(group: str, name: str) -> type:
         reason = (f"{ep.value} is not a subclass of {expected.__module__}."
                   f"{expected.__qualname__}")
         raise PluginError(f"{kind} {name!r} from distribution {dist}: {reason}.", reason=reason)
+    undocumented = _undocumented_fields(group, obj)
+    if undocumented:
+        reason = (f"{ep.value}: {'field' if len(undocumented) == 1 else 'fields'} "
+                  f"{', '.join(undocumented)} of its {_PARAMS_ATTR[group]} "
+                  f"{'has' if len(undocumented) == 1 else 'have'} no description (give each "
+                  "field `Field(description=...)`: it is the command-line help)")
+        raise PluginError(f"{kind} {name!r} from distribution {dist}: {reason}.", reason=reason)
     _loaded[key] = obj
     return obj
+
+
+_PARAMS_ATTR = {METHODS_GROUP: "Config", TASKS_GROUP: "Params"}
+
+
+def _undocumented_fields(group: str, cls: type) -> list[str]:
+    """Fields of the plugin's config (a task source's params) without a description."""
+    model = getattr(cls, _PARAMS_ATTR[group], None)
+    fields = getattr(model, "model_fields", {}) if isinstance(model, type) else {}
+    return [name for name, info in fields.items() if not (info.description or "").strip()]
+
+
+def plugin_origin(group: str, name: str) -> Origin:
+    """The distribution (and its version) that `name` in `group` comes from."""
+    _load_class(group, name)  # a plugin that cannot be used has no origin to record
+    ep = _candidates(group, name)[0]
+    return Origin(_dist_name(ep), _dist_version(ep), ep.value)
 
 
 def _base_class(group: str) -> type:
@@ -260,7 +338,7 @@ def list_plugins(group: str) -> list[PluginInfo]:
 
 
 def load_method_class(name: str) -> type[Method]:
-    """The method class registered as `name` in `clbench.methods`."""
+    """The method class registered as `name` in `clbench.methods` (or at `package.module:Class`)."""
     return _load_class(METHODS_GROUP, name)
 
 

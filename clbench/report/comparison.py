@@ -43,6 +43,19 @@ def suite_hash_as_read(result: RunResult) -> str:
         return result.suite_hash
 
 
+def _versions_key(result: RunResult) -> str:
+    """What tells runs of one suite apart by the versions of their task sources: nothing while
+    every source is at version 1 (runs recorded before versions were are read as 1), else a
+    short digest of the versions."""
+    import hashlib
+
+    versions = sorted({(c.source, c.source_version or "1") for c in result.columns
+                       if not c.source.startswith("lm_eval:")})
+    if all(version == "1" for _, version in versions):
+        return ""
+    return "+" + hashlib.sha256(json.dumps(versions).encode()).hexdigest()[:6]
+
+
 def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
     """The complete runs, by suite and method setting: `{suite key: {label: runs}}`.
 
@@ -57,7 +70,7 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
     for where, r in found:
         if r.status != "complete" or r.joint:  # a joint run is a reference, not a contender
             continue
-        suite = f"{r.suite.get('name')}:{suite_hash_as_read(r)[:15]}"
+        suite = f"{r.suite.get('name')}:{suite_hash_as_read(r)[:15]}{_versions_key(r)}"
         config = method_config_as_read(r.method.name, r.method.config)
         key = json.dumps(config, sort_keys=True, default=str)
         configs.setdefault((suite, r.method.name), {})[key] = config

@@ -119,6 +119,7 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, 
         column: dict[str, Any] = {"name": plan.name}
         if plan.task is not None:  # the source and params grade; the items are what is graded
             column["source"] = plan.task.name
+            column["version"] = type(plan.task).version
             column["params"] = plan.task.params.model_dump(mode="json")
             column["items"] = [dataclasses.asdict(ex) for ex in plan.examples]
         else:

@@ -326,7 +326,11 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     model, tokenizer = loaded
     train_model = dist.prepare_student(model)  # once per run: DDP keeps its buffers
     plans = items.plans
-    result = previous or new_result(run, method_config)
+    origin = registry.plugin_origin(registry.METHODS_GROUP, run.method.name)
+    sources = [s.task.source for s in run.suite.stages] + [p.task.source for p in run.suite.probes
+                                                           if p.task is not None]
+    result = previous or new_result(run, method_config, origin.distribution, origin.version,
+                                    {s: registry.load_task_class(s).version for s in sources})
     # every setting as this session runs it (fields added since the run began included: the
     # run directory's check made sure they do what the run did)
     result.method.config = method_config

@@ -89,12 +89,33 @@ def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
         dist=dist, train_model=train_model, save_progress=save_progress, resume=resume)
     ctx.work_dir.mkdir(parents=True, exist_ok=True)
     report = method.train_stage(ctx)
+    check_stage_report(run.method.name, stage, total, report)
     if resume:  # restore_loop empties it: a method that ignored it retrained from mid-stage
         raise RuntimeError(f"method {run.method.name!r} saved progress in the middle of stage "
                            f"{stage} but did not continue from it (ctx.resume); its training "
                            "of this stage is not the uninterrupted one")
     progress.remove_task(steps_bar)
     return report
+
+
+def check_stage_report(method: str, stage: int, steps: int, report: Any) -> None:
+    """A method that breaks its contract is named with its distribution (a user error, exit 2:
+    the plugin needs fixing, not clbench): `train_stage` must return a `StageReport`, and a stage
+    with steps to take must record them."""
+    from clbench.plugins.registry import METHODS_GROUP, PluginError, plugin_origin
+    from clbench.train.api import StageReport
+
+    problem = None
+    if not isinstance(report, StageReport):
+        problem = (f"train_stage returned {type(report).__name__}, not a "
+                   "clbench.train.api.StageReport")
+    elif steps > 0 and not report.steps:
+        problem = (f"stage {stage} has {steps} steps to take, but its StageReport records none "
+                   "(a method records each optimizer step in StageReport.steps)")
+    if problem is not None:
+        origin = plugin_origin(METHODS_GROUP, method)
+        raise PluginError(f"method {method!r} ({origin.target}, from distribution "
+                          f"{origin.distribution or 'unknown'}): {problem}")
 
 
 def keep_trained_stage(run_dir: Path, stage: int, report: StageReport, model: Any,

@@ -165,8 +165,9 @@ def method_settings(suite: SuiteSpec, method: str, overrides: Sequence[str] = ()
 
 
 def default_out_dir(suite_name: str, method: str, seed: int) -> str:
-    """Where a run's results go unless `--out` says otherwise."""
-    return str(Path("runs") / suite_name / method / f"s{seed}")
+    """Where a run's results go unless `--out` says otherwise (a method named by its location,
+    `package.module:Class`, in a folder `package.module.Class`)."""
+    return str(Path("runs") / suite_name / method.replace(":", ".") / f"s{seed}")
 
 
 def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str], list[str]]:

@@ -84,6 +84,9 @@ class TaskSource(ABC):
     description: ClassVar[str]
     domain: ClassVar[str]              # "math", "science", "tool_use", ...
     origin: ClassVar[str] = "offline"  # "offline" (ships with clbench) or "hub"
+    # Bumped whenever the items a seed gives or their grading change: results record it, and
+    # runs of different versions are neither compared together nor share a cached row 0.
+    version: ClassVar[str] = "1"
     license: ClassVar[str] = "Apache-2.0"
     Params: ClassVar[type[TaskParams]] = TaskParams
 

@@ -1,5 +1,7 @@
-"""The on-policy training loop every on-policy method shares; methods plug in an objective.
+"""What every on-policy method shares; methods plug in an objective.
 
+The stage runs on the training loop every method shares (:mod:`clbench.train.loop`: optimizer,
+schedule, micro-batches, records, checkpoints); this module gives it its batches and losses.
 One stage = `budget.steps` optimizer steps. Every `inner_updates` steps a fresh batch is built:
 1. pick `prompts_per_step` training items (:func:`clbench.train.optim.step_examples`);
 2. sample `samples_per_prompt` rollouts of each (:class:`clbench.train.rollout.Generator`),
@@ -12,8 +14,8 @@ One stage = `budget.steps` optimizer steps. Every `inner_updates` steps a fresh 
 5. one optimizer step per update: the objective's loss on micro-batches, backward, clip, AdamW.
 
 The objective (:class:`Objective`) sees the batch and returns a loss; everything else (sampling,
-grading, counters, per-phase wall time, per-step records, lr schedule) lives here, so methods
-differ in their objective and teacher, not in plumbing.
+grading, counters, per-phase wall time, per-step records, lr schedule) lives here and in the
+loop, so methods differ in their objective and teacher, not in plumbing.
 
 Several processes (`ctx.dist`): every rank draws the step's prompts and keeps its own share
 (whole prompts with all their samples) and samples with its own seed. The loss stays the token
@@ -31,7 +33,6 @@ becomes the step's token mean), counters summed. Objectives compute training for
 
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -42,21 +43,8 @@ from pydantic import Field
 from clbench.tasks.base import Example, Grade
 from clbench.train.api import Method, StageReport
 from clbench.train.logprobs import TokenLogprobs, completion_logprobs, pack_batch
-from clbench.train.losses import token_mean
-from clbench.train.optim import (
-    Counters,
-    OptimizerSettings,
-    PhaseClock,
-    build_optimizer,
-    build_scheduler,
-    loop_state,
-    optimizer_step,
-    rank_share,
-    restore_loop,
-    set_gradient_checkpointing,
-    stage_lr,
-    step_examples,
-)
+from clbench.train.loop import StepBatch, StepHooks, TrainingLoop
+from clbench.train.optim import OptimizerSettings, rank_share, step_examples
 from clbench.train.rollout import Generator, HFGenerator, Rollout, SamplingParams
 
 if TYPE_CHECKING:
@@ -76,7 +64,7 @@ class OnPolicySettings(OptimizerSettings):
 
 
 @dataclass
-class RolloutBatch:
+class RolloutBatch(StepBatch):
     """The rollouts of one batch, prompt-major: rows g*n .. g*n+n-1 are prompt g's samples."""
 
     step: int                       # first optimizer step that uses this batch
@@ -89,10 +77,6 @@ class RolloutBatch:
     temperature: float              # the sampler's temperature, used when scoring
     old_logprobs: torch.Tensor | None = None  # [N, T]; None when each batch gets one update
     extra: dict[str, Any] = field(default_factory=dict)  # what the objective prepares
-    # Set by the trainer after `Objective.prepare`: the supervised tokens of the step summed
-    # over the ranks, and the number of ranks (see `token_mean`).
-    total_tokens: int | None = None
-    world: int = 1
 
     @property
     def size(self) -> int:
@@ -127,32 +111,6 @@ class RolloutBatch:
                                      chunk_size=chunk_size)
         return TokenLogprobs(pad_to(scored.logprobs, self.length),
                              pad_to(scored.mask, self.length))
-
-    def token_mean(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """This rank's term of the step's token mean: sum(per_token * mask) / (T / world), T the
-        supervised tokens of all ranks (`total_tokens`).
-
-        Summed over this rank's micro-batches and averaged over the ranks (what DDP does to the
-        gradients, and the step record to the loss), it is the token mean over every rank's
-        rows: N processes reproduce one process. With one process it is
-        `token_mean(per_token, mask, T)`, bit for bit."""
-        if self.total_tokens is None:
-            raise ValueError("RolloutBatch.total_tokens is unset: the trainer sets it after "
-                             "Objective.prepare")
-        return self.rank_term(token_mean(per_token, mask, self.total_tokens))
-
-    def rank_term(self, mean: torch.Tensor) -> torch.Tensor:
-        """A mean over the step's supervised tokens of every rank (`total_tokens` in the
-        denominator) as this rank's term, averaged over the ranks like the gradients (times the
-        number of ranks; itself with one process)."""
-        return mean * self.world if self.world > 1 else mean
-
-    def token_share(self, count: float) -> float:
-        """A count over this rank's supervised tokens as this rank's term of a fraction of the
-        step's tokens (averaged over the ranks like :meth:`token_mean`)."""
-        if self.total_tokens is None:
-            raise ValueError("RolloutBatch.total_tokens is unset")
-        return count * self.world / max(self.total_tokens, 1)
 
     def old_or_detached(self, rows: range, current: torch.Tensor) -> torch.Tensor:
         """The sampling policy's log-probs of `rows` (the current ones, detached, on the first
@@ -232,8 +190,11 @@ class Objective(ABC):
         """Restore :meth:`state_dict` after :meth:`on_stage_start` (continuing a stage)."""
 
 
-class OnPolicyTrainer:
-    """Runs one stage of an on-policy method: see the module docstring."""
+class OnPolicyTrainer(StepHooks):
+    """One stage of an on-policy method: the shared :class:`~clbench.train.loop.TrainingLoop`
+    with batches of sampled, graded and scored rollouts and the objective's loss (see the module
+    docstring). Objectives reach the loop's parts through it (`model`, `train_model`, `ctx`,
+    `dist`, `counters`, `micro_batches`)."""
 
     def __init__(self, ctx: StageContext, objective: Objective, settings: OptimizerSettings, *,
                  inner_updates: int = 1, micro_batch_size: int | None = None,
@@ -246,8 +207,8 @@ class OnPolicyTrainer:
         self.model = ctx.model              # plain student: generation, copies, no-grad scoring
         self.train_model = ctx.train_model  # prepared student: forwards whose gradients count
         self.objective = objective
-        self.settings = settings
-        self.inner_updates = inner_updates
+        self.batch_every = self.inner_updates = inner_updates
+        self.resumable = objective.resumable
         self.micro_batch_size = micro_batch_size
         self.chunk_size = chunk_size
         self.stop = stop
@@ -257,18 +218,20 @@ class OnPolicyTrainer:
         rollouts_per_batch = local_prompts * budget.samples_per_prompt
         self.generator = generator or HFGenerator(
             ctx.model, ctx.tokenizer, batch_size=generation_batch_size or rollouts_per_batch)
-        self.lr = stage_lr(settings, budget)
-        self.clock = PhaseClock()
-        self.counters = Counters()
-        set_gradient_checkpointing(self.model, settings)
-        self.optimizer = self.dist.prepare_optimizer(build_optimizer(self.model, settings,
-                                                                     self.lr))
-        self.scheduler = build_scheduler(self.optimizer, settings, budget.steps)
+        self.loop = TrainingLoop(ctx, settings, self)
+        self.clock, self.counters = self.loop.clock, self.loop.counters
+        self.optimizer, self.lr = self.loop.optimizer, self.loop.lr
 
     # -- one batch -----------------------------------------------------------------------------
 
     def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """Sample, grade and score a fresh batch for optimizer step `step`."""
+        """Sample, grade and score a fresh batch for optimizer step `step` (its token total over
+        the processes set)."""
+        batch, stats = self.loop.new_batch(step)
+        assert isinstance(batch, RolloutBatch)
+        return batch, stats
+
+    def build_batch(self, loop: TrainingLoop, step: int) -> tuple[RolloutBatch, dict[str, float]]:
         ctx, budget = self.ctx, self.ctx.budget
         dist = self.dist
         examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed,
@@ -308,93 +271,62 @@ class OnPolicyTrainer:
                          .logprobs for rows in self.micro_batches(batch)]
                 batch.old_logprobs = torch.cat(parts)
             stats = self.objective.prepare(batch, self)
-            batch.world = dist.num_processes
-            batch.total_tokens = dist.sum_int(self.objective.supervised_tokens(batch))
         return batch, stats
 
-    def micro_batches(self, batch: RolloutBatch) -> list[range]:
+    def micro_batches(self, batch: StepBatch) -> list[range]:
+        """The row ranges of the batch's micro-batches."""
+        assert isinstance(batch, RolloutBatch)
         size = self.micro_batch_size or batch.size
         return [range(s, min(s + size, batch.size)) for s in range(0, batch.size, size)]
 
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """One optimizer step on `batch`; returns loss, gradient norm, lr and objective stats."""
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        total_loss = 0.0
-        sums: dict[str, float] = {}
-        parts = self.micro_batches(batch)
-        if batch.total_tokens == 0:
-            # No rank has a token to learn from: no forward or backward on any rank, and the
-            # optimizer skips every parameter (no decay-only update); the schedule advances.
-            parts = []
-        with self.clock.phase("backward"):
-            for i, rows in enumerate(parts):
-                with self.dist.no_sync(self.train_model, sync=i == len(parts) - 1):
-                    loss, stats = self.objective.loss(batch, rows, self)
-                    if loss.grad_fn is None and self.dist.num_processes > 1:
-                        loss = loss.detach().to(batch.rewards.device) + \
-                            self.zero_weighted_forward(batch, rows)
-                    if loss.requires_grad:
-                        self.dist.backward(loss)
-                total_loss += float(loss.detach())
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-        with self.clock.phase("step"):
-            grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler,
-                                           self.settings.max_grad_norm)
-        self.model.eval()
-        self.counters.add("trained_tokens", self.objective.supervised_tokens(batch))
-        self.counters.add("optimizer_steps", 1)
-        return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, **sums}
+        return self.loop.update(batch)
 
-    def zero_weighted_forward(self, batch: RolloutBatch, rows: range) -> torch.Tensor:
-        """0 times the log-probs of one row scored through `train_model`: a loss whose backward
-        reaches every parameter with a zero gradient, so that a rank without a loss of its own
-        still joins the ranks' gradient all-reduce (see :meth:`Objective.loss`)."""
-        probe = batch.score(self.train_model, range(rows.start, rows.start + 1), grad=True,
+    # -- hooks of the loop ---------------------------------------------------------------------
+
+    def supervised_tokens(self, batch: StepBatch) -> int:
+        assert isinstance(batch, RolloutBatch)
+        return self.objective.supervised_tokens(batch)
+
+    def loss(self, loop: TrainingLoop, batch: StepBatch, part: Any
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        assert isinstance(batch, RolloutBatch)
+        return self.objective.loss(batch, part, self)
+
+    def zero_weighted_forward(self, loop: TrainingLoop, batch: StepBatch, part: Any
+                              ) -> torch.Tensor:
+        """0 times the log-probs of one row scored through `train_model` (see
+        :meth:`Objective.loss`)."""
+        assert isinstance(batch, RolloutBatch)
+        probe = batch.score(self.train_model, range(part.start, part.start + 1), grad=True,
                             chunk_size=self.chunk_size)
         return probe.logprobs.sum() * 0.0
+
+    def on_stage_start(self, loop: TrainingLoop) -> None:
+        self.objective.on_stage_start(self)
+
+    def step_stats(self, batch: StepBatch) -> dict[str, float]:
+        assert isinstance(batch, RolloutBatch)
+        return batch_summary(batch)
+
+    def after_step(self, loop: TrainingLoop, step: int) -> dict[str, float]:
+        return self.objective.after_step(self, step)
+
+    def on_stage_end(self, loop: TrainingLoop, report: StageReport) -> None:
+        self.objective.on_stage_end(self, report)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.objective.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.objective.load_state_dict(state)
 
     # -- the stage -----------------------------------------------------------------------------
 
     def run(self) -> StageReport:
         """All optimizer steps of the stage; per-step records go to `ctx.log_step` too."""
-        with self.dist.autocast():
-            return self._run()
-
-    def _run(self) -> StageReport:
-        report = StageReport()
-        self.objective.on_stage_start(self)
-        start = 0
-        if self.ctx.resume is not None:  # continuing the stage after a stop
-            self.objective.load_state_dict(self.ctx.resume["objective"])
-            start = restore_loop(self.ctx.resume, self.dist, self.optimizer, self.scheduler,
-                                 self.clock, self.counters, report.steps)
-        batch: RolloutBatch | None = None
-        batch_stats: dict[str, float] = {}
-        for step in range(start, self.ctx.budget.steps):
-            started = time.perf_counter()
-            if step % self.inner_updates == 0:
-                batch, batch_stats = self.collect(step)
-            assert batch is not None
-            record: dict[str, Any] = {"step": step + 1, **self.update(batch)}
-            record.update(batch_summary(batch))
-            record.update(batch_stats)
-            record.update(self.objective.after_step(self, step))
-            record["seconds"] = time.perf_counter() - started
-            record = self.dist.mean_record(record)
-            report.steps.append(record)
-            self.ctx.log_step(record)
-            # at a batch boundary: no batch is reused past this step
-            if self.objective.resumable and (step + 1) % self.inner_updates == 0:
-                self.ctx.save_progress(step, lambda step=step: {
-                    **loop_state(step, self.optimizer, self.scheduler, self.clock, report.steps),
-                    "objective": self.objective.state_dict()}, self.counters.values)
-        report.counters = self.dist.sum_counts(self.counters.values)
-        report.wall_time = self.clock.snapshot()
-        report.extra["lr"] = self.lr
-        self.objective.on_stage_end(self, report)
-        return report
+        return self.loop.run()
 
 
 def batch_summary(batch: RolloutBatch) -> dict[str, float]:

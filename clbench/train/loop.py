@@ -1,0 +1,257 @@
+"""The training loop every built-in method runs: one stage of optimizer steps, with hooks.
+
+The loop owns what every method would otherwise repeat: the optimizer and learning-rate schedule
+(from the method's :class:`~clbench.train.optim.OptimizerSettings`), gradient checkpointing,
+autocast, micro-batches with gradient accumulation (only the last one all-reduces), clipping and
+the optimizer step, token counters and phase times, the per-step record (logged and kept in the
+stage report), and checkpoints in the middle of a stage with their resume. A method says what a
+step learns from through :class:`StepHooks`:
+
+- :meth:`~StepHooks.build_batch`: what step `step` trains on (SFT: the encoded reference
+  solutions of its items; the on-policy methods: sampled, graded and scored rollouts) and
+  statistics for its record, called every :attr:`~StepHooks.batch_every` steps (a batch reused
+  for several updates);
+- :meth:`~StepHooks.supervised_tokens`, :meth:`~StepHooks.micro_batches` and
+  :meth:`~StepHooks.loss`: the tokens the loss is a mean over, the parts of a batch each
+  forward and backward takes, and the loss of one part;
+- :meth:`~StepHooks.before_backward`: a term added to every micro-batch's loss (a penalty that
+  keeps the weights near earlier ones, as EWC does);
+- :meth:`~StepHooks.after_step`, :meth:`~StepHooks.on_stage_start`,
+  :meth:`~StepHooks.on_stage_end`; :meth:`~StepHooks.state_dict` for a checkpoint.
+
+Scale: a step's loss is a token mean over the supervised tokens of every process. After a batch
+is built the loop sets `batch.total_tokens` (the sum over the processes of
+:meth:`~StepHooks.supervised_tokens`) and `batch.world`; :meth:`StepBatch.token_mean` divides by
+it and scales by the number of processes, so that DDP's averaging of the gradients gives the
+one-process step however the tokens fall on the processes. A step with no supervised token on
+any process takes no forward or backward (the schedule still advances).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from clbench.train.api import StageReport
+from clbench.train.losses import token_mean
+from clbench.train.optim import (
+    Counters,
+    OptimizerSettings,
+    PhaseClock,
+    build_optimizer,
+    build_scheduler,
+    loop_state,
+    optimizer_step,
+    restore_loop,
+    set_gradient_checkpointing,
+    stage_lr,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from clbench.train.api import StageContext
+
+
+@dataclass(kw_only=True)
+class StepBatch:
+    """What one or more optimizer steps train on; set by the loop once the batch is built: the
+    supervised tokens of the step summed over the processes, and the number of processes."""
+
+    total_tokens: int | None = None
+    world: int = 1
+
+    def token_mean(self, per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """This process's term of the step's token mean: sum(per_token * mask) / (T / world), T
+        the supervised tokens of all processes (`total_tokens`). Summed over the micro-batches
+        and averaged over the processes (what DDP does to the gradients) it is the token mean
+        over every process's rows; with one process, `token_mean(per_token, mask, T)` bit for
+        bit."""
+        if self.total_tokens is None:
+            raise ValueError("the batch's total_tokens is unset: the training loop sets it once "
+                             "the batch is built")
+        return self.rank_term(token_mean(per_token, mask, self.total_tokens))
+
+    def rank_term(self, mean: torch.Tensor) -> torch.Tensor:
+        """A mean over the step's supervised tokens of every process as this process's term,
+        averaged over the processes like the gradients (itself with one process)."""
+        return mean * self.world if self.world > 1 else mean
+
+    def token_share(self, count: float) -> float:
+        """A count over this process's supervised tokens as its term of a fraction of the
+        step's tokens (averaged over the processes like :meth:`token_mean`)."""
+        if self.total_tokens is None:
+            raise ValueError("the batch's total_tokens is unset")
+        return count * self.world / max(self.total_tokens, 1)
+
+
+class StepHooks:
+    """What a method plugs into :class:`TrainingLoop`; see the module docstring. `build_batch`,
+    `supervised_tokens`, `micro_batches` and `loss` are required, the rest optional."""
+
+    #: Steps each built batch serves (the on-policy methods' `inner_updates`).
+    batch_every: int = 1
+
+    #: Whether :meth:`state_dict` holds everything kept between the steps of a stage, so that
+    #: the stage can continue from a checkpoint in its middle (else it restarts after a stop).
+    resumable: bool = True
+
+    def on_stage_start(self, loop: TrainingLoop) -> None:
+        """Once before the first step (e.g. copy a reference or teacher model)."""
+
+    def build_batch(self, loop: TrainingLoop, step: int) -> tuple[StepBatch, dict[str, float]]:
+        """The batch optimizer step `step` (0-based) trains on, and statistics for the records
+        of the steps that use it. Count what it spends in `loop.counters`, time it in
+        `loop.clock`."""
+        raise NotImplementedError
+
+    def supervised_tokens(self, batch: StepBatch) -> int:
+        """This process's tokens of `batch` that receive a learning signal (the count the
+        loss is a token mean over); counted as `trained_tokens` at every update."""
+        raise NotImplementedError
+
+    def micro_batches(self, batch: StepBatch) -> list[Any]:
+        """The parts of `batch` each forward and backward pass takes."""
+        raise NotImplementedError
+
+    def loss(self, loop: TrainingLoop, batch: StepBatch, part: Any
+             ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The loss of one micro-batch (this process's term of the step's loss: use
+        :meth:`StepBatch.token_mean`) and statistics summed over the micro-batches. Training
+        forwards go through `loop.train_model`. Under several processes every process must run
+        one forward through it per call (their backwards meet in one all-reduce): a part with
+        nothing to learn returns a loss without a graph, and the loop runs
+        :meth:`zero_weighted_forward` for it."""
+        raise NotImplementedError
+
+    def zero_weighted_forward(self, loop: TrainingLoop, batch: StepBatch, part: Any
+                              ) -> torch.Tensor:
+        """0 times a forward of one row of `part` through `loop.train_model`: a loss whose
+        backward reaches every parameter with a zero gradient, for a process whose part has no
+        loss of its own while others train (several processes only)."""
+        raise NotImplementedError(f"{type(self).__name__} returned a loss without a graph under "
+                                  "several processes but has no zero_weighted_forward")
+
+    def before_backward(self, loop: TrainingLoop, batch: StepBatch, loss: torch.Tensor
+                        ) -> torch.Tensor:
+        """The loss that is backpropagated: by default the micro-batch's own; a regulariser
+        adds its penalty here (scaled so that it counts once per step over the micro-batches)."""
+        return loss
+
+    def step_stats(self, batch: StepBatch) -> dict[str, float]:
+        """Statistics of the batch for the record of every step that uses it."""
+        return {}
+
+    def after_step(self, loop: TrainingLoop, step: int) -> dict[str, float]:
+        """After each optimizer step (e.g. an EMA teacher update); statistics for its record."""
+        return {}
+
+    def on_stage_end(self, loop: TrainingLoop, report: StageReport) -> None:
+        """Once after the last step (e.g. summarise teacher statistics into the report)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the hooks keep between steps of a stage (e.g. a teacher), for a checkpoint in
+        the middle of the stage; empty by default."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (after :meth:`on_stage_start`) to continue a stage."""
+
+
+class TrainingLoop:
+    """One stage of optimizer steps for `ctx` under `settings`, driven by `hooks`."""
+
+    def __init__(self, ctx: StageContext, settings: OptimizerSettings, hooks: StepHooks) -> None:
+        self.ctx = ctx
+        self.dist = ctx.dist
+        self.model = ctx.model              # plain student: generation, copies, no-grad scoring
+        self.train_model = ctx.train_model  # prepared student: forwards whose gradients count
+        self.settings = settings
+        self.hooks = hooks
+        self.lr = stage_lr(settings, ctx.budget)
+        self.clock = PhaseClock()
+        self.counters = Counters()
+        set_gradient_checkpointing(self.model, settings)
+        self.optimizer = self.dist.prepare_optimizer(build_optimizer(self.model, settings,
+                                                                     self.lr))
+        self.scheduler = build_scheduler(self.optimizer, settings, ctx.budget.steps)
+
+    def new_batch(self, step: int) -> tuple[StepBatch, dict[str, float]]:
+        """The hooks' batch for step `step`, with its token total over the processes set."""
+        batch, stats = self.hooks.build_batch(self, step)
+        batch.world = self.dist.num_processes
+        batch.total_tokens = self.dist.sum_int(self.hooks.supervised_tokens(batch))
+        return batch, stats
+
+    def update(self, batch: StepBatch) -> dict[str, float]:
+        """One optimizer step on `batch`: loss, gradient norm, lr and the loss statistics."""
+        hooks, dist = self.hooks, self.dist
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_loss = 0.0
+        sums: dict[str, float] = {}
+        # No process has a token to learn from: no forward or backward on any, and the
+        # optimizer skips every parameter (no decay-only update); the schedule advances.
+        parts = hooks.micro_batches(batch) if batch.total_tokens else []
+        with self.clock.phase("backward"):
+            for i, part in enumerate(parts):
+                with dist.no_sync(self.train_model, sync=i == len(parts) - 1):
+                    loss, stats = hooks.loss(self, batch, part)
+                    if loss.grad_fn is None and dist.num_processes > 1:
+                        zero = hooks.zero_weighted_forward(self, batch, part)
+                        loss = loss.detach().to(zero.device) + zero
+                    loss = hooks.before_backward(self, batch, loss)
+                    if loss.requires_grad:
+                        dist.backward(loss)
+                total_loss += float(loss.detach())
+                for k, v in stats.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        with self.clock.phase("step"):
+            grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler,
+                                           self.settings.max_grad_norm)
+        self.model.eval()
+        self.counters.add("trained_tokens", hooks.supervised_tokens(batch))
+        self.counters.add("optimizer_steps", 1)
+        return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, **sums}
+
+    def run(self) -> StageReport:
+        """Every optimizer step of the stage, under the run's autocast; each step's record goes
+        to `ctx.log_step` and into the report."""
+        with self.dist.autocast():
+            return self._run()
+
+    def _run(self) -> StageReport:
+        ctx, hooks = self.ctx, self.hooks
+        report = StageReport()
+        hooks.on_stage_start(self)
+        start = 0
+        if ctx.resume is not None:  # continuing the stage after a stop
+            hooks.load_state_dict(ctx.resume.get("objective", {}))
+            start = restore_loop(ctx.resume, self.dist, self.optimizer, self.scheduler,
+                                 self.clock, self.counters, report.steps)
+        every = max(1, hooks.batch_every)
+        batch: StepBatch | None = None
+        batch_stats: dict[str, float] = {}
+        for step in range(start, ctx.budget.steps):
+            started = time.perf_counter()
+            if batch is None or step % every == 0:
+                batch, batch_stats = self.new_batch(step)
+            record: dict[str, Any] = {"step": step + 1, **self.update(batch)}
+            record.update(hooks.step_stats(batch))
+            record.update(batch_stats)
+            record.update(hooks.after_step(self, step))
+            record["seconds"] = time.perf_counter() - started
+            record = self.dist.mean_record(record)
+            report.steps.append(record)
+            ctx.log_step(record)
+            # at a batch boundary: no batch is reused past this step
+            if hooks.resumable and (step + 1) % every == 0:
+                ctx.save_progress(step, lambda step=step: {
+                    **loop_state(step, self.optimizer, self.scheduler, self.clock, report.steps),
+                    "objective": hooks.state_dict()}, self.counters.values)
+        report.counters = self.dist.sum_counts(self.counters.values)
+        report.wall_time = self.clock.snapshot()
+        report.extra["lr"] = self.lr
+        hooks.on_stage_end(self, report)
+        return report

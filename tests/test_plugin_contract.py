@@ -1,0 +1,89 @@
+"""A method plugin that breaks its contract is named, with its distribution, in one message (exit
+2), and a method can be named by its location (`package.module:Class`) during development."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from click.testing import CliRunner
+from pydantic import Field
+
+from clbench.cli import cli
+from clbench.plugins import registry
+from clbench.run.stages import check_stage_report
+from clbench.train.api import Method, MethodConfig, StageReport
+
+
+class Undocumented(MethodConfig):
+    lr: float = 1e-5  # no description: no help text for it
+
+
+class UndocumentedMethod(Method):
+    name: ClassVar[str] = "undocumented"
+    description: ClassVar[str] = "a config field without a description"
+    Config = Undocumented
+
+    def train_stage(self, ctx: Any) -> StageReport:
+        raise AssertionError("never trained")
+
+
+class Quiet(MethodConfig):
+    note: str = Field(default="", description="Ignored.")
+
+
+class ReturnsNothing(Method):
+    name: ClassVar[str] = "returns-nothing"
+    description: ClassVar[str] = "forgets to return its report"
+    Config = Quiet
+
+    def train_stage(self, ctx: Any) -> Any:
+        return None
+
+
+def test_a_config_field_without_a_description_is_refused_by_name() -> None:
+    with registry.extra_plugins(methods={"undocumented": UndocumentedMethod}), \
+            pytest.raises(registry.PluginError) as info:
+        registry.load_method_class("undocumented")
+    message = str(info.value)
+    assert "'undocumented' from distribution test-plugins" in message
+    assert "field lr of its Config has no description" in message
+
+
+def test_a_stage_report_of_the_wrong_type_or_without_steps_names_the_plugin() -> None:
+    with registry.extra_plugins(methods={"returns-nothing": ReturnsNothing}):
+        with pytest.raises(registry.PluginError) as info:
+            check_stage_report("returns-nothing", 1, 4, None)
+        assert "'returns-nothing'" in str(info.value)
+        assert "from distribution test-plugins" in str(info.value)
+        assert "train_stage returned NoneType, not a clbench.train.api.StageReport" \
+            in str(info.value)
+        with pytest.raises(registry.PluginError, match="has 4 steps to take, but its "
+                           "StageReport records none"):
+            check_stage_report("returns-nothing", 1, 4, StageReport())
+        check_stage_report("returns-nothing", 1, 0, StageReport())  # nothing to take: fine
+
+
+def test_a_run_of_a_method_that_breaks_the_contract_stops_with_one_message(tmp_path: Path
+                                                                          ) -> None:
+    with registry.extra_plugins(methods={"returns-nothing": ReturnsNothing}):
+        result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method",
+                                          "returns-nothing", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2, result.output
+    assert "returns-nothing" in result.output and "not a clbench.train.api.StageReport" \
+        in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_method_named_by_its_location_loads_with_its_distribution() -> None:
+    cls = registry.load_method_class("clbench_methods.sft:SFT")
+    assert cls.name == "sft"
+    origin = registry.plugin_origin(registry.METHODS_GROUP, "clbench_methods.sft:SFT")
+    assert origin.distribution == "clbench" and origin.target == "clbench_methods.sft:SFT"
+    with pytest.raises(registry.PluginError, match="failed to import.*No module named "
+                       "'no_such_package'"):
+        registry.load_method_class("no_such_package.mod:Method")
+    with pytest.raises(registry.PluginError, match="is not a subclass of "
+                       "clbench.train.api.Method"):
+        registry.load_method_class("clbench.train.api:StageReport")
