@@ -269,6 +269,7 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
     from clbench.plugins.runspec import build_run_spec
     from clbench.progress import run_progress
     from clbench.run import rows
+    from clbench.run.context import RunContext
 
     with registry.extra_plugins(**PLUGINS):
         run = build_run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
@@ -277,8 +278,12 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
     model, tokenizer = load_model(run.model, device="cpu")
     run_dir = Path(run.out_dir)
     stamp = rows.evaluation_stamp(run, plans, {"dtype": "float32", "device": "cpu"})
+    def context(progress: object) -> RunContext:
+        return RunContext(run=run, run_dir=run_dir, model=model, tokenizer=tokenizer,
+                          progress=progress, plans=plans, stamp=stamp)
+
     with run_progress(Console(quiet=True)) as progress:
-        cells = rows.evaluate_row(1, plans, model, tokenizer, run, run_dir, progress, stamp)
+        cells = rows.evaluate_row(context(progress), 1)
     names = [p.name for p in plans]
     assert list(rows.saved_cells(run_dir, 1, plans, stamp)) == names
     assert [c.summary() for c in rows.saved_cells(run_dir, 1, plans, stamp).values()] == \
@@ -289,7 +294,7 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
 
     monkeypatch.setattr(rows, "evaluate_column", no_evaluation)
     with run_progress(Console(quiet=True)) as progress:
-        again = rows.evaluate_row(1, plans, model, tokenizer, run, run_dir, progress, stamp)
+        again = rows.evaluate_row(context(progress), 1)
     assert [(c.summary(), c.records) for c in again] == [(c.summary(), c.records) for c in cells]
 
     # records that are not the column's items (here: one item short) are not trusted
@@ -324,6 +329,7 @@ def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
     from clbench.plugins.runspec import build_run_spec
     from clbench.progress import run_progress
     from clbench.run import rows
+    from clbench.run.context import RunContext
 
     with registry.extra_plugins(**PLUGINS):
         run = build_run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
@@ -338,7 +344,9 @@ def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
     monkeypatch.setattr(rows, "evaluate_column", nan_cell)
     monkeypatch.setattr(rows, "make_generate_fn", lambda *args, **kwargs: None)
     with run_progress(Console(quiet=True)) as progress:
-        rows.evaluate_row(1, plans, None, None, run, Path(run.out_dir), progress, "stamp")
+        rows.evaluate_row(RunContext(run=run, run_dir=Path(run.out_dir), model=None,
+                                     tokenizer=None, progress=progress, plans=plans,
+                                     stamp="stamp"), 1)
     saved = rows.saved_cells(Path(run.out_dir), 1, plans, "stamp")
     assert list(saved) == [p.name for p in plans]
     assert all(math.isnan(cell.score) for cell in saved.values())

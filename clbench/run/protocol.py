@@ -60,6 +60,7 @@ from clbench.results import (
     new_result,
     write_results,
 )
+from clbench.run.context import RunContext
 from clbench.run.joint import MixedTasks, mixed_train_set
 from clbench.run.rows import (
     ColumnPlan,
@@ -349,10 +350,12 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     stage = done
     try:
         with run_progress(console, disable=not main) as progress, dist.autocast():
+            ctx = RunContext(run=run, run_dir=run_dir, model=model, tokenizer=tokenizer,
+                             progress=progress, plans=plans, stamp=stamp, dist=dist,
+                             train_model=train_model, console=console, on_saved=saved)
             if not result.matrix:
                 seed_everything(derive_seed(run.seed, 0))
-                result.matrix.append(base_row(run, plans, model, tokenizer, run_dir, progress,
-                                              result, console, dist, stamp, on_saved=saved))
+                result.matrix.append(base_row(ctx, result))
                 result.row_labels.append("base")
                 account_compute(result, clock.lap(), device)  # a partial run says what it cost
                 if main:
@@ -368,18 +371,16 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 else:
                     if main:  # scored with the model about to be retrained
                         forget_saved_cells(run_dir, stage)
-                    report = train_stage(run, stage, method, items.stage_tasks[stage - 1],
+                    report = train_stage(ctx, stage, method, items.stage_tasks[stage - 1],
                                          items.train_sets[stage - 1],  # type: ignore[arg-type]
-                                         model, tokenizer, train_model, run_dir, progress, dist,
-                                         resume=resume, on_saved=saved)
+                                         resume=resume)
                     resume = None  # taken: its optimizer state is not kept for later stages
                     if main:
                         keep_trained_stage(run_dir, stage, report, model, method)
                         saved()
                     dist.wait()
                 seed_everything(derive_seed(run.seed, stage, "eval"))
-                cells = evaluate_row(stage, plans, model, tokenizer, run, run_dir, progress,
-                                     stamp, dist, on_saved=saved)
+                cells = evaluate_row(ctx, stage)
                 result.stages.append(StageRecord(
                     index=stage, name=spec.name, summary=report.summary(),
                     counters=report.counters, wall_time=report.wall_time,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -37,15 +37,14 @@ from clbench.eval.column import (
     write_records,
 )
 from clbench.plugins import registry
-from clbench.progress import AnyProgress
 from clbench.results import Cell, RunResult
 from clbench.run import baserow
 from clbench.seeding import derive_seed
 from clbench.spec.schema import RunSpec, TaskSpec
 
 if TYPE_CHECKING:
+    from clbench.run.context import RunContext
     from clbench.tasks.base import Example, TaskSource
-    from clbench.train.distributed import Distributed
 
 log = logging.getLogger("clbench.run.rows")
 
@@ -120,20 +119,20 @@ def evaluation_stamp(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[s
     return baserow.base_row_key(run, plans, resolved, collect_versions())
 
 
-def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
-                 run: RunSpec, run_dir: Path, progress: AnyProgress, stamp: str,
-                 dist: Distributed | None = None,
-                 on_saved: Callable[[], None] | None = None) -> list[CellResult]:
-    """Evaluate every column with the model as it is now; save the items of each cell.
+def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
+    """Evaluate every column of `ctx.plans` with the model as it is now; save the items of each
+    cell.
 
-    Columns of this row saved under the same `stamp` (:func:`evaluation_stamp`) by an
+    Columns of this row saved under the same `ctx.stamp` (:func:`evaluation_stamp`) by an
     evaluation that stopped are kept, not evaluated again.
 
     With several processes each grades a contiguous share of a column's items; the records are
     gathered in item order and every process computes the same cell. lm-eval probes run on the
     main process (the others wait for its cell). Only the main process writes records;
-    `on_saved` is called after each column is saved (:class:`clbench.results.KeptTime`).
+    `ctx.on_saved` is called after each column is saved (:class:`clbench.results.KeptTime`).
     """
+    run, run_dir, dist, plans, stamp = ctx.run, ctx.run_dir, ctx.dist, ctx.plans, ctx.stamp
+    model, tokenizer, progress, on_saved = ctx.model, ctx.tokenizer, ctx.progress, ctx.on_saved
     decoding = run.suite.protocol.decoding
     world = dist.num_processes if dist is not None else 1
     main = dist is None or dist.is_main
@@ -194,8 +193,7 @@ def evaluate_row(row: int, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
             # NaN allowed: an lm-eval score may be one (results.json writes it as null)
             atomic_write_text(_cells_path(run_dir, row), json.dumps(
                 {"stamp": stamp, "cells": summaries}, ensure_ascii=False))
-            if on_saved is not None:
-                on_saved()
+            on_saved()
         log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
         cells.append(cell)
     return cells
@@ -246,26 +244,24 @@ def forget_saved_cells(run_dir: Path, row: int) -> None:
     _cells_path(run_dir, row).unlink(missing_ok=True)
 
 
-def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: Any,
-             run_dir: Path, progress: AnyProgress, result: RunResult, console: Console,
-             dist: Distributed, stamp: str, on_saved: Callable[[], None] | None = None
-             ) -> list[Cell | None]:
+def base_row(ctx: RunContext, result: RunResult) -> list[Cell | None]:
     """Row 0: from the shared cache when an identical row was computed before, else evaluated
     (and cached). The result records which, under `artifacts["base_row"]`.
 
     One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
     row once. Several processes of one run evaluate together, so the main process looks the row up
     and tells the others (a lock held across a shared evaluation could deadlock). The cache key
-    is the evaluation's `stamp` (:func:`evaluation_stamp`).
+    is the evaluation's stamp (:func:`evaluation_stamp`).
     """
-    def compute() -> list[Cell | None]:
-        return to_cells(evaluate_row(0, plans, model, tokenizer, run, run_dir, progress, stamp,
-                                     dist, on_saved))
+    run_dir, dist, console = ctx.run_dir, ctx.dist, ctx.console or Console(quiet=True)
 
-    if not run.reuse_base_row:
+    def compute() -> list[Cell | None]:
+        return to_cells(evaluate_row(ctx, 0))
+
+    if not ctx.run.reuse_base_row:
         return compute()
-    key = stamp
-    names = [p.name for p in plans]
+    key = ctx.stamp
+    names = [p.name for p in ctx.plans]
     def announce_wait() -> None:  # a sweep's other runs start together and share one row 0
         log.info("row 0: another run holds the cache entry of the same row (key %s), "
                  "evaluating or copying it; waiting for it", key)
@@ -274,7 +270,7 @@ def base_row(run: RunSpec, plans: Sequence[ColumnPlan], model: Any, tokenizer: A
                           f"row; waiting to reuse it ({baserow.cache_dir() / key})",
                           soft_wrap=True)
 
-    if dist.num_processes == 1:
+    if dist is None or dist.num_processes == 1:
         cells, reused = baserow.load_or_compute(key, names, run_dir, compute,
                                                 on_wait=announce_wait)
     else:

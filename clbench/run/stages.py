@@ -30,28 +30,28 @@ from clbench.run.rundir import (
 from clbench.seeding import derive_seed, seed_everything
 
 if TYPE_CHECKING:
-    from clbench.progress import AnyProgress
-    from clbench.spec.schema import RunSpec
+    from clbench.run.context import RunContext
     from clbench.tasks.base import Example, TaskSource
     from clbench.train.api import Method, StageReport
-    from clbench.train.distributed import Distributed
 
 log = logging.getLogger("clbench.run.protocol")
 
 
-def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
-                train_examples: list[Example], model: Any, tokenizer: Any, train_model: Any,
-                run_dir: Path, progress: AnyProgress, dist: Distributed,
-                resume: dict[str, Any] | None = None,
-                on_saved: Callable[[], None] | None = None) -> StageReport:
-    """Train stage `stage` (1-based) with the method, seeded from (run seed, stage); the
-    method's report. Each step is logged and advances a progress bar. The method's progress is
-    checkpointed every `run.checkpoint_minutes`
-    (:func:`clbench.run.rundir.save_progress_checkpoint`);
-    `resume` is such a checkpoint's progress when the stage continues after a stop (the student
-    and the method's state already restored). `on_saved` is called after each such checkpoint
+def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
+                train_examples: list[Example], resume: dict[str, Any] | None = None
+                ) -> StageReport:
+    """Train stage `stage` (1-based) on `task`'s `train_examples` with the method, seeded from
+    (run seed, stage); the method's report. Each step is logged and advances a progress bar.
+    The method's progress is checkpointed every `run.checkpoint_minutes`
+    (:func:`clbench.run.rundir.save_progress_checkpoint`); `resume` is such a checkpoint's
+    progress when the stage continues after a stop (the student and the method's state already
+    restored). `ctx.on_saved` is called after each such checkpoint
     (:class:`clbench.results.KeptTime`)."""
     from clbench.train.api import StageContext
+
+    run, run_dir, dist, progress = ctx.run, ctx.run_dir, ctx.dist, ctx.progress
+    model, tokenizer, train_model = ctx.model, ctx.tokenizer, ctx.train_model
+    assert dist is not None  # training always has the run's accelerator
 
     spec = run.training_stages()[stage - 1]
     total = spec.budget.steps
@@ -77,18 +77,17 @@ def train_stage(run: RunSpec, stage: int, method: Method, task: TaskSource,
             saved = {**state(), "counters": summed}
             save_progress_checkpoint(run_dir, stage, step, model, method, saved)
             log.info("stage %d: checkpoint after step %d of %d", stage, step + 1, total)
-            if on_saved is not None:
-                on_saved()
+            ctx.on_saved()
         dist.wait()
         last_saved = time.monotonic()
 
-    ctx = StageContext(
+    stage_ctx = StageContext(
         model=model, tokenizer=tokenizer, task=task, train_examples=train_examples,
         budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
         device=dist.device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
         dist=dist, train_model=train_model, save_progress=save_progress, resume=resume)
-    ctx.work_dir.mkdir(parents=True, exist_ok=True)
-    report = method.train_stage(ctx)
+    stage_ctx.work_dir.mkdir(parents=True, exist_ok=True)
+    report = method.train_stage(stage_ctx)
     check_stage_report(run.method.name, stage, total, report)
     if resume:  # restore_loop empties it: a method that ignored it retrained from mid-stage
         raise RuntimeError(f"method {run.method.name!r} saved progress in the middle of stage "
