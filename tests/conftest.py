@@ -8,58 +8,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from pydantic import Field
+from fakes import FakeAddition, FakeMethod
+from toy import one_thread
 
 from clbench.plugins import registry
-from clbench.tasks.base import Example, Grade, Split, TaskParams, TaskSource
-from clbench.train.api import Method, MethodConfig, StageContext, StageReport
 
 
-class FakeAdditionParams(TaskParams):
-    level: int = Field(default=1, ge=1, le=3, description="Digits per operand.")
-
-
-class FakeAddition(TaskSource):
-    """Adds two numbers; a deterministic stand-in for a real task source."""
-
-    name = "fake.addition"
-    description = "Add two numbers (test source)."
-    domain = "math"
-    origin = "offline"
-    license = "Apache-2.0"
-    Params = FakeAdditionParams
-
-    def build(self, split: Split, seed: int, size: int) -> list[Example]:
-        offset = 0 if split == "train" else 10_000
-        base = 10 ** (self.params.level - 1)
-        items = []
-        for i in range(size):
-            a, b = base + (seed + i) % 7, base + offset + i
-            items.append(Example(id=f"{split}-{i}",
-                                 messages=[{"role": "user", "content": f"What is {a} + {b}?"}],
-                                 reference=f"{a} + {b} = {a + b}.\nAnswer: {a + b}",
-                                 answer=a + b))
-        return items
-
-    def grade(self, example: Example, completion: str) -> Grade:
-        ok = completion.strip().endswith(f"Answer: {example.answer}")
-        return Grade(reward=float(ok), correct=ok, feedback=None if ok else "wrong answer")
-
-
-class FakeMethodConfig(MethodConfig):
-    lr: float = Field(default=1e-5, gt=0, description="Learning rate.")
-    beta: float = Field(default=0.0, ge=0, description="KL weight.")
-
-
-class FakeMethod(Method):
-    """Does nothing to the model; a stand-in for a real method."""
-
-    name = "fake-method"
-    description = "A method that trains nothing (test plugin)."
-    Config = FakeMethodConfig
-
-    def train_stage(self, ctx: StageContext) -> StageReport:
-        return StageReport(steps=[{"loss": 0.0}])
+@pytest.fixture
+def single_thread() -> Iterator[None]:
+    """torch on one thread for the test (tiny models gain nothing from more; see
+    `toy.one_thread`). A module asks for it with
+    `pytestmark = pytest.mark.usefixtures("single_thread")`."""
+    with one_thread():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_protocol import PLUGINS, SUITE, run_cli, write_suite
+from fakes import PLUGINS, SUITE, run_cli, write_suite
 
 from clbench.plugins import registry
 from clbench.results import Cell, read_results

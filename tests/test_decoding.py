@@ -7,18 +7,17 @@ import random
 
 import pytest
 import torch
-from toy import one_thread, tiny
+from toy import tiny
 
 from clbench.train.decoding import Sampling, StopScanner, pick_tokens
 from clbench.train.rollout import HFGenerator, SamplingParams, encode_chat
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
+
+
 PROMPTS = [[{"role": "user", "content": f"prompt {i}: " + "x" * (3 * i)}] for i in range(6)]
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
 
 
 def _plain_generate(model, tok, prompt_ids: list[list[int]], eos: list[int], n_new: int):

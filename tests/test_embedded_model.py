@@ -6,20 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy import one_thread, toy_context
+from toy import toy_context
 
 from clbench.models import EMBEDDED_MODEL, embedded_model_dir, load_model
 from clbench.train.rollout import HFGenerator, SamplingParams
 from clbench_methods.grpo import GRPO
 from clbench_methods.sft import SFT
 
-pytestmark = pytest.mark.embedded
-
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
+pytestmark = [pytest.mark.embedded, pytest.mark.usefixtures("single_thread")]
 
 
 @pytest.fixture(scope="module")

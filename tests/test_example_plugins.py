@@ -12,18 +12,17 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from toy import LowercaseTask, one_thread, tiny, toy_context
+from toy import LowercaseTask, tiny, toy_context
 
 from clbench.cli import cli
 from clbench.plugins import registry
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
+
+
 EXAMPLES = {"ewc-sft": "clbench-ewc", "replay-sft": "clbench-replay"}
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
 
 
 def _import(method: str):

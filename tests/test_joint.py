@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_protocol import SUITE, run_cli, write_suite
+from fakes import SUITE, run_cli, write_suite
 
 from clbench.report.intransigence import add_intransigence
 from clbench.results import read_results

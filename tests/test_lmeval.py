@@ -245,7 +245,7 @@ def test_a_group_of_ours_over_built_in_tasks_brings_the_built_in_index() -> None
 
 def test_a_misspelled_lm_eval_task_stops_a_run_before_the_model_loads(tmp_path: Path,
                                                                        monkeypatch) -> None:
-    from test_protocol import SUITE, run_cli, write_suite
+    from fakes import SUITE, run_cli, write_suite
 
     import clbench.models
 
@@ -277,10 +277,10 @@ def test_check_probe_knows_built_in_groups_and_refuses_tags() -> None:
 
 
 def test_export_writes_tasks_that_lm_eval_runs_with_our_grader(tmp_path: Path, tiny) -> None:
+    from fakes import PLUGINS, SUITE
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
-    from test_protocol import PLUGINS, SUITE
 
     suite = SuiteSpec.model_validate(yaml.safe_load(SUITE))
     with registry.extra_plugins(**PLUGINS):
@@ -357,7 +357,7 @@ def test_an_exported_prompt_ends_with_the_start_of_the_response_and_targets_the_
 
 
 def test_export_command(tmp_path: Path) -> None:
-    from test_protocol import SUITE, run_cli
+    from fakes import SUITE, run_cli
 
     suite = tmp_path / "echo.yaml"
     suite.write_text(SUITE)
@@ -370,7 +370,7 @@ def test_export_command(tmp_path: Path) -> None:
 
 
 def test_export_refuses_two_columns_that_would_share_a_task_name(tmp_path: Path) -> None:
-    from test_protocol import PLUGINS, SUITE
+    from fakes import PLUGINS, SUITE
 
     from clbench.errors import UserError
 
@@ -390,7 +390,7 @@ def test_export_again_removes_columns_the_suite_no_longer_has_and_nothing_else(
         tmp_path: Path) -> None:
     """The suite's tag would still run a column an earlier export left behind; another suite's
     export and other files in the folder stay."""
-    from test_protocol import PLUGINS, SUITE
+    from fakes import PLUGINS, SUITE
 
     data = yaml.safe_load(SUITE)
     out = tmp_path / "export"
@@ -431,7 +431,7 @@ def _smoke_yaml() -> str:
 def test_export_refuses_the_name_of_a_shipped_task(tmp_path: Path) -> None:
     """Suite `general` with a column `mc` would be exported as the shipped probe's task
     `clbench_general_mc`, and a probe including the export would see two tasks of that name."""
-    from test_protocol import PLUGINS, SUITE
+    from fakes import PLUGINS, SUITE
 
     from clbench.errors import UserError
 

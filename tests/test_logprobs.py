@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-from toy import one_thread, tiny
+from toy import tiny
 
 from clbench.train.logprobs import completion_distributions, completion_logprobs, pack_batch
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
+
 
 PROMPTS = [[1, 5, 9, 12], [3, 4], [7, 8, 9, 10, 11, 12, 13]]
 COMPLETIONS = [[20, 21, 22], [30, 31, 32, 33, 34, 35], [40]]
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy import one_thread, tiny, toy_context
+from toy import tiny, toy_context
 
 from clbench.train.onpolicy import OnPolicyTrainer
 from clbench_methods.grpo import GRPO, GRPOConfig, GRPOObjective
 
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
 
 
 def run_grpo(tmp_path: Path, steps: int, lr: float = 1e-2, seed: int = 0, **config) -> list[dict]:

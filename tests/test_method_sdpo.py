@@ -25,13 +25,12 @@ from clbench_methods.sdpo.method import SDPO, SDPOConfig, SDPOCoT, SDPOObjective
 from clbench_methods.sdpo.teacher import build_teacher_messages
 from clbench_methods.sft import SFT
 
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
+
+
 K = 4  # letters per completion
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
 
 
 class TeacherSwitchWarmup(TaskSource):

@@ -6,17 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy import LowercaseTask, greedy_reward, one_thread, tiny, toy_context
+from toy import LowercaseTask, greedy_reward, tiny, toy_context
 
 from clbench.train.optim import step_examples
 from clbench.train.rollout import encode_chat
 from clbench_methods.sft import SFT
 
-
-@pytest.fixture(autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
 
 
 def test_sft_raises_the_greedy_toy_reward(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_protocol import SUITE, run_cli, write_suite
+from fakes import SUITE, run_cli, write_suite
 
 
 def test_the_exported_model_is_the_runs_last_student(tmp_path: Path) -> None:

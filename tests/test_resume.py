@@ -17,11 +17,11 @@ from clbench.results import read_results
 
 HERE = Path(__file__).resolve().parent
 
-# The child runs `clbench run` through the CLI with the test plugins of test_protocol.py.
+# The child runs `clbench run` through the CLI with the test plugins of fakes.py.
 CHILD = """
 import sys
 sys.path.insert(0, {here!r})
-from test_protocol import run_cli
+from fakes import run_cli
 res = run_cli(sys.argv[1:])
 sys.stdout.write(res.output)
 sys.exit(res.exit_code)
@@ -36,8 +36,8 @@ def _items(run_dir: Path) -> dict[str, str]:
 def _signal_mid_stage_2(args: list[str], tmp_path: Path, sig: int,
                         pause: tuple[str, str] | None = None) -> tuple[int, str]:
     """Run `clbench run` in a child paused inside stage 2 (by default at its step 1; `pause` is
-    another (variable, value) of test_protocol's pauses), send it `sig`; (exit code, output)."""
-    from test_protocol import PAUSE_ENV
+    another (variable, value) of the pauses of fakes.py), send it `sig`; (exit code, output)."""
+    from fakes import PAUSE_ENV
 
     marker = tmp_path / "paused"
     variable, value = pause or (PAUSE_ENV, "2:1")
@@ -68,7 +68,7 @@ def _signal_mid_stage_2(args: list[str], tmp_path: Path, sig: int,
 
 @pytest.mark.slow
 def test_sigkill_mid_stage_then_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
-    from test_protocol import SUITE, run_cli, write_suite
+    from fakes import SUITE, run_cli, write_suite
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
     common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
@@ -98,7 +98,7 @@ def test_sigkill_mid_stage_then_resume_matches_uninterrupted_run(tmp_path: Path)
 @pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)])
 def test_a_stop_mid_evaluation_keeps_the_trained_stage_and_the_saved_columns(
         tmp_path: Path, sig: int, code: int) -> None:
-    from test_protocol import PAUSE_GRADE_ENV, SUITE, run_cli, write_suite
+    from fakes import PAUSE_GRADE_ENV, SUITE, run_cli, write_suite
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
     # sampled evaluation: a column evaluated after the resume draws what it would have drawn
@@ -141,7 +141,7 @@ def test_a_stop_mid_evaluation_keeps_the_trained_stage_and_the_saved_columns(
 
 
 def test_resume_of_a_complete_run_reprints_without_training(tmp_path: Path) -> None:
-    from test_protocol import SUITE, run_cli, write_suite
+    from fakes import SUITE, run_cli, write_suite
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     args = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
@@ -161,7 +161,7 @@ def test_resume_of_a_complete_run_reprints_without_training(tmp_path: Path) -> N
 ])
 def test_a_stop_request_mid_stage_keeps_completed_stages(tmp_path: Path, sig: int, code: int,
                                                          word: str) -> None:
-    from test_protocol import SUITE, run_cli, write_suite
+    from fakes import SUITE, run_cli, write_suite
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
     out = tmp_path / word
@@ -206,8 +206,8 @@ def test_report_says_where_a_run_that_is_not_complete_stands(tmp_path: Path) -> 
     says when a process is running it now, and why a failed run stopped."""
     import json
 
+    from fakes import SUITE, run_cli, write_suite
     from rich.console import Console
-    from test_protocol import SUITE, run_cli, write_suite
 
     from clbench.report.runs import report
     from clbench.results import write_results
@@ -260,8 +260,8 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
+    from fakes import PLUGINS, write_suite
     from rich.console import Console
-    from test_protocol import PLUGINS, write_suite
 
     from clbench.eval.column import read_records, records_path, write_records
     from clbench.models import load_model
@@ -321,8 +321,8 @@ def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
     must not fail on it, and the saved NaN must come back as NaN."""
     import math
 
+    from fakes import PLUGINS, write_suite
     from rich.console import Console
-    from test_protocol import PLUGINS, write_suite
 
     from clbench.eval.column import CellResult, ItemRecord
     from clbench.plugins import registry

@@ -4,19 +4,18 @@ tokens."""
 from __future__ import annotations
 
 import pytest
-from toy import one_thread, tiny
+from toy import tiny
 
 from clbench.train.rollout import HFGenerator, SamplingParams, encode_chat, finish_completion
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
+
 
 PROMPTS = [[{"role": "user", "content": "hi"}],
            [{"role": "user", "content": "a much longer prompt than the first one"}],
            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "why?"}]]
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -190,7 +190,7 @@ def test_a_damaged_identity_file_is_a_clear_refusal(tmp_path: Path, content: str
 def test_a_run_another_process_is_running_is_refused(tmp_path: Path) -> None:
     """Two processes resuming one run would write over each other's stages; the second is
     refused while the first holds the folder, and proceeds once it is released."""
-    from test_protocol import SUITE, run_cli, write_suite
+    from fakes import SUITE, run_cli, write_suite
 
     from clbench.run.rundir import LOCK_FILE, lock_run_dir
 
@@ -234,7 +234,7 @@ def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
                                                                  monkeypatch) -> None:
     """The main process's failure to lock (a read-only folder, say) goes to every rank through
     the broadcast: a rank left waiting in it while the main one raised would hang the launch."""
-    from test_protocol import SUITE, run_cli, write_suite
+    from fakes import SUITE, run_cli, write_suite
 
     from clbench.run import protocol
 
@@ -265,7 +265,7 @@ def test_a_mistake_found_before_anything_is_computed_leaves_the_folder_free(
     """A training set a hub source cannot give (known only once its data is loaded), or a model
     that does not load, is refused before the folder is claimed and before row 0: the
     corrected command may use the same --out."""
-    from test_protocol import PLUGINS, SUITE, EchoDigit, write_suite
+    from fakes import PLUGINS, SUITE, EchoDigit, write_suite
 
     from clbench.cli import cli
     from clbench.tasks.base import TaskSizeError

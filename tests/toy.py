@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from pydantic import Field
 
 from clbench.models import load_model
 from clbench.spec.schema import Budget
@@ -28,7 +29,7 @@ from clbench.train.rollout import Generator, Rollout, SamplingParams
 
 
 class LowercaseParams(TaskParams):
-    k: int = 8
+    k: int = Field(default=8, description="Characters graded.")
 
 
 class LowercaseTask(TaskSource):
