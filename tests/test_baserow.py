@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from fakes import PLUGINS, SUITE, run_cli, write_suite
 
 from clbench.plugins import registry
 from clbench.results import Cell, read_results
 from clbench.run import baserow
+
+pytestmark = pytest.mark.e2e  # a suite run end to end
 
 
 def _key(suite: Path, seed: int = 0, model: str | None = "org/some-model",

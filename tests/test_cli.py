@@ -31,6 +31,7 @@ def assert_user_error(result: Result, *fragments: str) -> None:
         assert fragment in result.stderr
 
 
+@pytest.mark.e2e
 def test_version_and_help() -> None:
     assert invoke("--version").output == "clbench, version 0.1.0\n"
     for command in (["--help"], ["list", "--help"], ["validate", "--help"], ["schema", "--help"],
@@ -163,6 +164,7 @@ def test_methods_show_documents_every_config_field(monkeypatch) -> None:
     assert_user_error(invoke("methods", "show", "sdpp"), "unknown method 'sdpp'. Did you mean")
 
 
+@pytest.mark.e2e
 def test_unknown_fields_point_to_the_command_that_lists_them(write_suite, fake_plugins) -> None:
     path = str(write_suite())
     assert_user_error(invoke("run", "--suite", path, "--method", "fake-method", "--plan",
@@ -183,6 +185,7 @@ def test_tasks_show_errors(fake_plugins) -> None:
                       "unknown task source 'fake.adition'. Did you mean 'fake.addition'?")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("columns", ["160", "40"])
 def test_run_plan(write_suite, fake_plugins, columns: str) -> None:
     """The plan's tables; printed into a pipe narrower than them (40 columns), no name or
@@ -205,6 +208,7 @@ def test_run_plan(write_suite, fake_plugins, columns: str) -> None:
     assert '"lr": 1e-05' in out and '"beta": 0.5' in out  # resolved method config
 
 
+@pytest.mark.e2e
 def test_run_calls_the_protocol(write_suite, fake_plugins, monkeypatch, tmp_path: Path) -> None:
     calls = []
     fake = types.ModuleType("clbench.run.protocol")
@@ -239,6 +243,7 @@ def test_run_user_errors_exit_2_without_traceback(write_suite, fake_plugins, arg
     assert_user_error(invoke("run", *args, "--plan"), *fragments)
 
 
+@pytest.mark.e2e
 def test_run_refuses_a_seed_no_generator_takes(write_suite, fake_plugins) -> None:
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method",
                     "--seed", str(2**64), "--plan")
@@ -273,12 +278,14 @@ def test_sweep_refuses_bad_seeds_before_any_run(write_suite, fake_plugins, tmp_p
     assert not (tmp_path / "grid").exists()
 
 
+@pytest.mark.e2e
 def test_debug_shows_the_exception(fake_plugins) -> None:
     result = invoke("--debug", "run", "--suite", "no-such-suite", "--method", "fake-method")
     assert isinstance(result.exception, SuiteNotFoundError)
     assert result.exit_code == 1
 
 
+@pytest.mark.e2e
 def test_ctrl_c_exits_130_without_traceback(write_suite, fake_plugins, monkeypatch) -> None:
     def interrupted(run, resume, console):
         raise KeyboardInterrupt
@@ -291,6 +298,7 @@ def test_ctrl_c_exits_130_without_traceback(write_suite, fake_plugins, monkeypat
     assert result.stderr == "interrupted\n" and "Traceback" not in result.output
 
 
+@pytest.mark.e2e
 def test_sigterm_during_a_command_exits_143_and_restores_the_handler(write_suite, fake_plugins,
                                                                      monkeypatch) -> None:
     def terminated(run, resume, console):

@@ -351,6 +351,7 @@ def _launch(args: list[str], processes: int = 2, script: str | None = None,
 SMALL = ["--set", "protocol.bootstrap_samples=20"]
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["grpo", "sdpo", "sft"])
 def test_two_process_smoke_run_matches_one_process_row_0(tmp_path: Path, method: str) -> None:
@@ -407,6 +408,7 @@ def test_two_process_smoke_run_matches_one_process_row_0(tmp_path: Path, method:
     assert (out / "run.log").read_text().count("stage 1 step") == 2
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_two_processes_refuse_prompts_per_step_that_does_not_divide(tmp_path: Path) -> None:
     proc = _launch(["run", "--suite", "smoke", "--method", "grpo", "--device", "cpu", "--out",

@@ -42,6 +42,7 @@ def test_state_bytes_counts_every_tensor_of_a_nested_state() -> None:
     assert state_bytes(state) == 2 * 12 * 4 + 10 * 2
 
 
+@pytest.mark.e2e
 def test_plan_estimate_calibrates_on_the_smoke_suite_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "grpo", "--out",
@@ -61,6 +62,7 @@ def test_plan_estimate_calibrates_on_the_smoke_suite_and_writes_nothing(tmp_path
     assert not out.exists()
 
 
+@pytest.mark.e2e
 def test_a_joint_run_is_estimated_from_the_stages_own_items(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--joint",
                                       "--out", str(tmp_path / "j"), "--plan", "--estimate"],
@@ -73,6 +75,7 @@ def test_a_joint_run_is_estimated_from_the_stages_own_items(tmp_path: Path) -> N
     assert not (tmp_path / "j").exists()
 
 
+@pytest.mark.e2e
 def test_estimate_goes_with_plan() -> None:
     result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft",
                                       "--estimate"])

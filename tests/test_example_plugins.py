@@ -32,6 +32,7 @@ def _import(method: str):
         raise AssertionError(f"{exc} (`make setup` installs examples/plugins/)") from None
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("method", sorted(EXAMPLES))
 def test_an_example_plugin_runs_the_smoke_suite_and_is_recorded(method: str,
                                                                 tmp_path: Path) -> None:

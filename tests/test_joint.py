@@ -17,6 +17,8 @@ from clbench.spec.schema import Budget, StageSpec, TaskSpec, joint_stage
 from clbench.tasks.math.generated import Arithmetic
 from clbench.tasks.science.generated import Facts
 
+pytestmark = pytest.mark.e2e  # a suite run end to end
+
 
 def _stage(name: str, **budget: object) -> StageSpec:
     return StageSpec(name=name, task=TaskSpec(source="x", train_size=10),

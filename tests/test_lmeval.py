@@ -243,6 +243,7 @@ def test_a_group_of_ours_over_built_in_tasks_brings_the_built_in_index() -> None
     assert _refers_elsewhere({"group": "g", "task": "hellaswag"}, index)
 
 
+@pytest.mark.e2e
 def test_a_misspelled_lm_eval_task_stops_a_run_before_the_model_loads(tmp_path: Path,
                                                                        monkeypatch) -> None:
     from fakes import SUITE, run_cli, write_suite
@@ -356,6 +357,7 @@ def test_an_exported_prompt_ends_with_the_start_of_the_response_and_targets_the_
     assert render_transcript(plain) == "User: Hi\n\nAssistant:"
 
 
+@pytest.mark.e2e
 def test_export_command(tmp_path: Path) -> None:
     from fakes import SUITE, run_cli
 

@@ -71,6 +71,7 @@ def test_the_block_is_not_part_of_the_suites_hash(tmp_path: Path) -> None:
     assert with_block.content_hash() == plain.content_hash()
 
 
+@pytest.mark.e2e
 def test_the_settings_in_force_are_recorded_and_reported(tmp_path: Path) -> None:
     from clbench.results import read_results
 

@@ -8,6 +8,8 @@ import pytest
 import torch
 from fakes import SUITE, run_cli, write_suite
 
+pytestmark = pytest.mark.e2e  # a suite run end to end
+
 
 def test_the_exported_model_is_the_runs_last_student(tmp_path: Path) -> None:
     from safetensors.torch import load_file

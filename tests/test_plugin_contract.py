@@ -65,6 +65,7 @@ def test_a_stage_report_of_the_wrong_type_or_without_steps_names_the_plugin() ->
         check_stage_report("returns-nothing", 1, 0, StageReport())  # nothing to take: fine
 
 
+@pytest.mark.e2e
 def test_a_run_of_a_method_that_breaks_the_contract_stops_with_one_message(tmp_path: Path
                                                                           ) -> None:
     with registry.extra_plugins(methods={"returns-nothing": ReturnsNothing}):

@@ -26,6 +26,9 @@ from clbench.results import read_results
 # ---------------------------------------------------------------------------------------------
 
 
+pytestmark = pytest.mark.e2e  # a suite run end to end
+
+
 def test_cli_run_writes_a_complete_valid_result(tmp_path: Path) -> None:
     suite = write_suite(tmp_path)
     out = tmp_path / "run"

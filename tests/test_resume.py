@@ -15,6 +15,9 @@ import pytest
 
 from clbench.results import read_results
 
+pytestmark = pytest.mark.e2e  # a suite run end to end
+
+
 HERE = Path(__file__).resolve().parent
 
 # The child runs `clbench run` through the CLI with the test plugins of fakes.py.

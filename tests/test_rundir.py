@@ -187,6 +187,7 @@ def test_a_damaged_identity_file_is_a_clear_refusal(tmp_path: Path, content: str
         check_run_dir(tmp_path / "run", run_identity(run, config), resume=True)
 
 
+@pytest.mark.e2e
 def test_a_run_another_process_is_running_is_refused(tmp_path: Path) -> None:
     """Two processes resuming one run would write over each other's stages; the second is
     refused while the first holds the folder, and proceeds once it is released."""
@@ -230,6 +231,7 @@ def test_a_run_another_process_is_running_is_refused(tmp_path: Path) -> None:
     assert "already holds this run; pass --resume" in " ".join(res.output.split())
 
 
+@pytest.mark.e2e
 def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
                                                                  monkeypatch) -> None:
     """The main process's failure to lock (a read-only folder, say) goes to every rank through
@@ -260,6 +262,7 @@ def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
     assert len(broadcasts) == 1 and "Permission denied" in broadcasts[0]
 
 
+@pytest.mark.e2e
 def test_a_mistake_found_before_anything_is_computed_leaves_the_folder_free(
         tmp_path: Path) -> None:
     """A training set a hub source cannot give (known only once its data is loaded), or a model

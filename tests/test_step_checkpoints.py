@@ -21,6 +21,9 @@ from clbench.train.api import StageContext, StageReport
 STOP: dict[str, Any] = {"at": None}  # (stage, 1-based step): Ctrl-C once that step is logged
 
 
+pytestmark = pytest.mark.e2e  # a suite run end to end
+
+
 def stopping(base: type) -> type:
     """`base` with a Ctrl-C right after the step named in STOP (before its checkpoint)."""
 
