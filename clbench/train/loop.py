@@ -193,7 +193,7 @@ class TrainingLoop:
         sums: dict[str, float] = {}
         # No process has a token to learn from: no forward or backward on any, and the
         # optimizer skips every parameter (no decay-only update); the schedule advances.
-        parts = hooks.micro_batches(batch) if batch.total_tokens else []
+        parts = [] if batch.total_tokens == 0 else hooks.micro_batches(batch)
         with self.clock.phase("backward"):
             for i, part in enumerate(parts):
                 with dist.no_sync(self.train_model, sync=i == len(parts) - 1):
