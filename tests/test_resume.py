@@ -271,7 +271,7 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
     from clbench.plugins import registry
     from clbench.plugins.runspec import build_run_spec
     from clbench.progress import run_progress
-    from clbench.run import rows
+    from clbench.run import baserow, rows
     from clbench.run.context import RunContext
 
     with registry.extra_plugins(**PLUGINS):
@@ -280,7 +280,7 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
         plans, _ = rows.plan_columns(run)
     model, tokenizer = load_model(run.model, device="cpu")
     run_dir = Path(run.out_dir)
-    stamp = rows.evaluation_stamp(run, plans, {"dtype": "float32", "device": "cpu"})
+    stamp = baserow.evaluation_stamp(run, plans, {"dtype": "float32", "device": "cpu"})
     def context(progress: object) -> RunContext:
         return RunContext(run=run, run_dir=run_dir, model=model, tokenizer=tokenizer,
                           progress=progress, plans=plans, stamp=stamp)
@@ -306,7 +306,7 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
     assert list(rows.saved_cells(run_dir, 1, plans, stamp)) == names[1:]
     # cells saved under another stamp (here: another device kind; or an upgrade between the
     # stop and the resume) are not trusted
-    on_gpu = rows.evaluation_stamp(run, plans, {"dtype": "float32", "device": "cuda:0"})
+    on_gpu = baserow.evaluation_stamp(run, plans, {"dtype": "float32", "device": "cuda:0"})
     assert on_gpu != stamp and rows.saved_cells(run_dir, 1, plans, on_gpu) == {}
     saved_file = low.with_name(rows.CELLS_FILE)
     saved = json.loads(saved_file.read_text())

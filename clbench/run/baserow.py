@@ -13,8 +13,12 @@ lm-eval task; decoding and bootstrap settings; the model spec and a fingerprint 
 resolved (device kind, dtype, precision, processes); the library versions; a fingerprint of
 clbench's own files; and the run seed whenever row 0 depends on it (a randomly initialised
 `tiny-*` model, or sampled decoding). Stage budgets and the method are not in it: they do not
-touch row 0. Third-party graders are covered through their package's items and params, not
-their code: pass `--no-base-cache` after editing one in place.
+touch row 0. Third-party graders are covered through their items, params and `version`, not
+their code: pass `--no-base-cache` after editing one in place without bumping its version.
+
+:func:`base_row` wraps the evaluation of a row (:func:`clbench.run.rows.evaluate_row`) with the
+cache; :func:`evaluation_stamp`, the key with the process's library versions, also stamps the
+columns of every later row, so a resumed row keeps only columns evaluated the same way.
 
 Layout: `<cache>/<key>/row.json` + `items/<column>.jsonl`, written into a temp folder
 and renamed into place under a file lock, so concurrent runs (a sweep on several processes or
@@ -36,9 +40,11 @@ from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_dir, atomic_write_json, file_lock
 from clbench.eval.column import records_path
-from clbench.results import Cell
+from clbench.results import Cell, RunResult
+from clbench.run.rows import evaluate_row, to_cells
 
 if TYPE_CHECKING:
+    from clbench.run.context import RunContext
     from clbench.run.rows import ColumnPlan
     from clbench.spec.schema import RunSpec
 
@@ -239,3 +245,58 @@ def _read(entry: Path, column_names: Sequence[str]) -> list[Cell | None] | None:
     if data.get("columns") != list(column_names):
         return None  # a hash collision is astronomically unlikely; a hand-edited entry is not
     return [None if c is None else Cell.model_validate(c) for c in data["cells"]]
+
+
+def evaluation_stamp(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, Any]) -> str:
+    """What a row's evaluation depends on besides the weights, as a key: row 0's cache key
+    (:func:`base_row_key`) with this process's library versions. `resolved` is
+    how the model was resolved (``RunResult.model.resolved``)."""
+    from clbench.results import collect_versions
+
+    return base_row_key(run, plans, resolved, collect_versions())
+
+
+def base_row(ctx: RunContext, result: RunResult) -> list[Cell | None]:
+    """Row 0: from the shared cache when an identical row was computed before, else evaluated
+    (and cached). The result records which, under `artifacts["base_row"]`.
+
+    One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
+    row once. Several processes of one run evaluate together, so the main process looks the row up
+    and tells the others (a lock held across a shared evaluation could deadlock). The cache key
+    is the evaluation's stamp (:func:`evaluation_stamp`).
+    """
+    run_dir, dist = ctx.run_dir, ctx.dist
+
+    def say(text: str) -> None:
+        if ctx.console is not None:
+            with contextlib.suppress(OSError):  # a closed stdout must not disable the cache
+                ctx.console.print(text, soft_wrap=True)
+
+    def compute() -> list[Cell | None]:
+        return to_cells(evaluate_row(ctx, 0))
+
+    if not ctx.run.reuse_base_row:
+        return compute()
+    key = ctx.stamp
+    names = [p.name for p in ctx.plans]
+
+    def announce_wait() -> None:  # a sweep's other runs start together and share one row 0
+        log.info("row 0: another run holds the cache entry of the same row (key %s), "
+                 "evaluating or copying it; waiting for it", key)
+        say("row 0 (base model): another run is evaluating (or copying) the same row; waiting "
+            f"to reuse it ({cache_dir() / key})")
+
+    if dist is None or dist.num_processes == 1:
+        cells, reused = load_or_compute(key, names, run_dir, compute, on_wait=announce_wait)
+    else:
+        found = dist.broadcast(lookup(key, names, run_dir, on_wait=announce_wait)
+                               if dist.is_main else None)
+        reused = found is not None
+        cells = found if found is not None else compute()
+        if dist.is_main and not reused:
+            store(key, names, cells, run_dir)
+    result.artifacts["base_row"] = {"key": key, "reused": reused, "cache": str(cache_dir())}
+    if reused:
+        log.info("row 0 taken from the base-row cache (key %s)", key)
+        say(f"row 0 (base model): reused from {cache_dir() / key}")
+    return cells

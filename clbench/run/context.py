@@ -31,7 +31,7 @@ class RunContext:
 
     `model` is the plain student (generation, evaluation, checkpoints); `train_model` the same
     weights prepared by `dist` for training. `stamp` is what an evaluation depends on besides
-    the weights (:func:`clbench.run.rows.evaluation_stamp`), `plans` every column of R. Only the
+    the weights (:func:`clbench.run.baserow.evaluation_stamp`), `plans` every column of R. Only the
     main process of `dist` writes files; `on_saved` is called after each save point (a column,
     a step checkpoint, a trained stage), so the run's kept time counts the work saved
     (:class:`clbench.results.KeptTime`). `console` gets the few messages a user must see while

@@ -60,13 +60,12 @@ from clbench.results import (
     new_result,
     write_results,
 )
+from clbench.run.baserow import base_row, evaluation_stamp
 from clbench.run.context import RunContext
 from clbench.run.joint import MixedTasks, mixed_train_set
 from clbench.run.rows import (
     ColumnPlan,
-    base_row,
     evaluate_row,
-    evaluation_stamp,
     forget_saved_cells,
     plan_columns,
     to_cells,

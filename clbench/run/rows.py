@@ -2,28 +2,25 @@
 
 A column is a stream task's or a probe's evaluation items (or an lm-eval probe); a row is every
 column scored with the model as it is after a stage. Every method is evaluated by this same code
-path, with per-item records saved beside the results. Row 0 goes through the base-row cache
-(:mod:`clbench.run.baserow`).
+path, with per-item records saved beside the results. Row 0 goes through the base-row cache,
+which wraps this module's evaluation (:mod:`clbench.run.baserow`).
 
 A row is saved column by column: each column's records, then its cell in
 `items/row{t}/cells.json`, stamped with everything the evaluation depends on besides the model's
-weights (:func:`evaluation_stamp`). A run stopped halfway through a row evaluates only the columns
-not saved when it resumes, with the same model (the trained stage's checkpoint, see
-:mod:`clbench.run.protocol`) under the same stamp (same items, decoding, device kind and precision,
-library versions and code); the protocol removes a row's saved cells whenever it trains that
-stage afresh.
+weights (:func:`clbench.run.baserow.evaluation_stamp`). A run stopped halfway through a row
+evaluates only the columns not saved when it resumes, with the same model (the trained stage's
+checkpoint, see :mod:`clbench.run.protocol`) under the same stamp (same items, decoding, device
+kind and precision, library versions and code); the protocol removes a row's saved cells
+whenever it trains that stage afresh.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
-
-from rich.console import Console
 
 from clbench.atomic import atomic_write_text
 from clbench.errors import UserError
@@ -37,8 +34,7 @@ from clbench.eval.column import (
     write_records,
 )
 from clbench.plugins import registry
-from clbench.results import Cell, RunResult
-from clbench.run import baserow
+from clbench.results import Cell
 from clbench.seeding import derive_seed
 from clbench.spec.schema import RunSpec, TaskSpec
 
@@ -110,20 +106,12 @@ def column_items(task: TaskSource, spec: TaskSpec, size: int,
                     f"stage trains on) for the {size} asked; lower eval_size or train_size")
 
 
-def evaluation_stamp(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, Any]) -> str:
-    """What a row's evaluation depends on besides the weights, as a key: row 0's cache key
-    (:func:`clbench.run.baserow.base_row_key`) with this process's library versions. `resolved` is
-    how the model was resolved (``RunResult.model.resolved``)."""
-    from clbench.results import collect_versions
-
-    return baserow.base_row_key(run, plans, resolved, collect_versions())
-
-
 def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
     """Evaluate every column of `ctx.plans` with the model as it is now; save the items of each
     cell.
 
-    Columns of this row saved under the same `ctx.stamp` (:func:`evaluation_stamp`) by an
+    Columns of this row saved under the same `ctx.stamp`
+    (:func:`clbench.run.baserow.evaluation_stamp`) by an
     evaluation that stopped are kept, not evaluated again.
 
     With several processes each grades a contiguous share of a column's items; the records are
@@ -242,50 +230,6 @@ def saved_column_names(run_dir: Path, row: int) -> list[str]:
 def forget_saved_cells(run_dir: Path, row: int) -> None:
     """Drop the saved columns of `row`: they were scored with a model about to be retrained."""
     _cells_path(run_dir, row).unlink(missing_ok=True)
-
-
-def base_row(ctx: RunContext, result: RunResult) -> list[Cell | None]:
-    """Row 0: from the shared cache when an identical row was computed before, else evaluated
-    (and cached). The result records which, under `artifacts["base_row"]`.
-
-    One process holds the cache lock while it evaluates, so parallel runs of a sweep compute the
-    row once. Several processes of one run evaluate together, so the main process looks the row up
-    and tells the others (a lock held across a shared evaluation could deadlock). The cache key
-    is the evaluation's stamp (:func:`evaluation_stamp`).
-    """
-    run_dir, dist, console = ctx.run_dir, ctx.dist, ctx.console or Console(quiet=True)
-
-    def compute() -> list[Cell | None]:
-        return to_cells(evaluate_row(ctx, 0))
-
-    if not ctx.run.reuse_base_row:
-        return compute()
-    key = ctx.stamp
-    names = [p.name for p in ctx.plans]
-    def announce_wait() -> None:  # a sweep's other runs start together and share one row 0
-        log.info("row 0: another run holds the cache entry of the same row (key %s), "
-                 "evaluating or copying it; waiting for it", key)
-        with contextlib.suppress(OSError):  # a closed stdout must not disable the cache
-            console.print("row 0 (base model): another run is evaluating (or copying) the same "
-                          f"row; waiting to reuse it ({baserow.cache_dir() / key})",
-                          soft_wrap=True)
-
-    if dist is None or dist.num_processes == 1:
-        cells, reused = baserow.load_or_compute(key, names, run_dir, compute,
-                                                on_wait=announce_wait)
-    else:
-        found = dist.broadcast(baserow.lookup(key, names, run_dir, on_wait=announce_wait)
-                               if dist.is_main else None)
-        reused = found is not None
-        cells = found if found is not None else compute()
-        if dist.is_main and not reused:
-            baserow.store(key, names, cells, run_dir)
-    result.artifacts["base_row"] = {"key": key, "reused": reused,
-                                    "cache": str(baserow.cache_dir())}
-    if reused:
-        log.info("row 0 taken from the base-row cache (key %s)", key)
-        console.print(f"row 0 (base model): reused from {baserow.cache_dir() / key}")
-    return cells
 
 
 def to_cells(cells: Sequence[CellResult]) -> list[Cell | None]:
