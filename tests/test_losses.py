@@ -7,6 +7,7 @@ import os
 
 import pytest
 import torch
+from logit_losses import full_divergence, scores_from_logits, topk_divergence
 
 from clbench.train import losses
 
@@ -133,7 +134,7 @@ def test_generalized_jsd_matches_trl(alpha):
 @pytest.mark.parametrize("tail", [True, False])
 def test_topk_divergence_matches_trl(alpha, tail):
     student, teacher = _logits(2, 6, 64, seed=4), _logits(2, 6, 64, seed=5)
-    ours = losses.topk_divergence(student, teacher, k=10, alpha=alpha, tail=tail)
+    ours = topk_divergence(student, teacher, k=10, alpha=alpha, tail=tail)
     ref = trl_sdpo.compute_topk_self_distillation_loss(
         student, teacher, distillation_topk=10, distillation_alpha=alpha,
         distillation_add_tail=tail)
@@ -143,7 +144,7 @@ def test_topk_divergence_matches_trl(alpha, tail):
 @pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
 def test_full_divergence_matches_trl(alpha):
     student, teacher = _logits(2, 6, 64, seed=6), _logits(2, 6, 64, seed=7)
-    ours = losses.full_divergence(student, teacher, alpha=alpha)
+    ours = full_divergence(student, teacher, alpha=alpha)
     ref = trl_sdpo.compute_full_logit_self_distillation_loss(student, teacher,
                                                              distillation_alpha=alpha)
     assert torch.allclose(ours, ref, atol=ATOL)
@@ -153,7 +154,7 @@ def test_sampled_token_divergence_matches_trl_value_and_gradient():
     student = _logits(2, 6, 32, seed=8).requires_grad_(True)
     teacher = _logits(2, 6, 32, seed=9)
     ids = torch.randint(0, 32, (2, 6), generator=torch.Generator().manual_seed(10))
-    ours = losses.divergence_per_token("sampled_token", *losses.scores_from_logits(
+    ours = losses.divergence_per_token("sampled_token", *scores_from_logits(
         student, teacher, ids, "sampled_token"))
     (grad_ours,) = torch.autograd.grad(ours.sum(), student)
     ref = trl_sdpo.compute_sampled_token_self_distillation_loss(student, teacher, ids,
@@ -211,7 +212,7 @@ def test_the_loss_sdpo_calls_equals_trls_trainer_loss(mode, alpha):
     teacher = _logits(3, 6, 40, seed=13)
     ids = torch.randint(0, 40, (3, 6), generator=gen)
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0], [1, 0, 1, 0, 1, 1]])
-    student_side, teacher_side = losses.scores_from_logits(student, teacher, ids, mode, topk=8)
+    student_side, teacher_side = scores_from_logits(student, teacher, ids, mode, topk=8)
     old = (student_side.token_logprobs.detach()
            + torch.empty(3, 6).uniform_(-1.0, 1.0, generator=gen))
     ours = losses.sdpo_loss(student_side, teacher_side, mask, old_logprobs=old, divergence=mode,
@@ -249,19 +250,19 @@ def test_alpha_endpoints_are_forward_and_reverse_kl_by_hand():
     forward = sum(t * math.log(t / s) for s, t in zip(p_s.tolist(), p_t.tolist()))
     reverse = sum(s * math.log(s / t) for s, t in zip(p_s.tolist(), p_t.tolist()))
     s_logits, t_logits = p_s.log(), p_t.log()
-    assert losses.full_divergence(s_logits, t_logits, alpha=0.0).item() == pytest.approx(forward)
-    assert losses.full_divergence(s_logits, t_logits, alpha=1.0).item() == pytest.approx(reverse)
+    assert full_divergence(s_logits, t_logits, alpha=0.0).item() == pytest.approx(forward)
+    assert full_divergence(s_logits, t_logits, alpha=1.0).item() == pytest.approx(reverse)
     # alpha = 0.5 is the symmetric Jensen-Shannon divergence
     m = [(s + t) / 2 for s, t in zip(p_s.tolist(), p_t.tolist())]
     jsd = 0.5 * sum(s * math.log(s / mm) for s, mm in zip(p_s.tolist(), m)) + \
         0.5 * sum(t * math.log(t / mm) for t, mm in zip(p_t.tolist(), m))
-    assert losses.full_divergence(s_logits, t_logits, alpha=0.5).item() == pytest.approx(jsd)
+    assert full_divergence(s_logits, t_logits, alpha=0.5).item() == pytest.approx(jsd)
 
 
 def test_topk_with_full_support_equals_full_divergence():
     student, teacher = _logits(4, 16, seed=15), _logits(4, 16, seed=16)
-    full = losses.full_divergence(student, teacher, alpha=0.5)
-    topk = losses.topk_divergence(student, teacher, k=16, alpha=0.5, tail=False)
+    full = full_divergence(student, teacher, alpha=0.5)
+    topk = topk_divergence(student, teacher, k=16, alpha=0.5, tail=False)
     assert torch.allclose(full, topk, atol=1e-5)
 
 
@@ -270,7 +271,7 @@ def test_topk_tail_bucket_by_hand():
     student = torch.tensor([0.5, 0.25, 0.25]).log()
     teacher = torch.tensor([0.2, 0.4, 0.4]).log()
     forward = 0.2 * math.log(0.2 / 0.5) + 0.8 * math.log(0.8 / 0.5)
-    got = losses.topk_divergence(student, teacher, k=1, alpha=0.0, tail=True)
+    got = topk_divergence(student, teacher, k=1, alpha=0.0, tail=True)
     assert got.item() == pytest.approx(forward, abs=1e-6)
 
 
@@ -279,7 +280,7 @@ def test_divergences_are_zero_when_teacher_equals_student():
     ids = torch.zeros(2, 3, dtype=torch.long)
     for mode in ("topk", "full"):
         out = losses.divergence_per_token(
-            mode, *losses.scores_from_logits(logits, logits, ids, mode, topk=5), alpha=0.5)
+            mode, *scores_from_logits(logits, logits, ids, mode, topk=5), alpha=0.5)
         assert torch.allclose(out, torch.zeros(2, 3), atol=1e-6)
 
 
@@ -290,7 +291,7 @@ def test_divergence_errors_name_what_is_missing():
     with pytest.raises(ValueError, match="unknown divergence 'kl'"):
         losses.divergence_per_token("kl", tokens_only, tokens_only)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown divergence 'kl'"):
-        losses.scores_from_logits(torch.zeros(1, 3), torch.zeros(1, 3),
+        scores_from_logits(torch.zeros(1, 3), torch.zeros(1, 3),
                                   torch.zeros(1, dtype=torch.long), "kl")  # type: ignore
     with pytest.raises(ValueError, match="alpha"):
         losses.generalized_jsd(torch.zeros(3), torch.zeros(3), 1.5)
@@ -301,7 +302,7 @@ def test_teacher_logits_never_receive_gradient():
     teacher = _logits(2, 10, seed=19).requires_grad_(True)
     ids = torch.zeros(2, dtype=torch.long)
     for mode in ("topk", "full"):
-        losses.divergence_per_token(mode, *losses.scores_from_logits(
+        losses.divergence_per_token(mode, *scores_from_logits(
             student, teacher, ids, mode, topk=4)).sum().backward()
     assert teacher.grad is None and student.grad is not None
 
@@ -311,7 +312,7 @@ def test_teacher_logits_never_receive_gradient():
 # ---------------------------------------------------------------------------------------------
 
 def _reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> float:
-    return losses.full_divergence(student_logits, teacher_logits, alpha=1.0).mean().item()
+    return full_divergence(student_logits, teacher_logits, alpha=1.0).mean().item()
 
 
 @pytest.mark.parametrize("mode", ["sampled_token", "topk", "full"])
@@ -327,7 +328,7 @@ def test_gradient_descent_moves_student_toward_teacher(mode):
         student = param.expand(512, vocab)
         ids = torch.multinomial(torch.softmax(param.detach(), -1), 512, replacement=True,
                                 generator=gen)
-        scores = losses.scores_from_logits(student, teacher.expand(512, vocab), ids, mode, topk=6)
+        scores = scores_from_logits(student, teacher.expand(512, vocab), ids, mode, topk=6)
         loss = losses.sdpo_loss(*scores, torch.ones(512), divergence=mode, alpha=0.5).loss
         opt.zero_grad()
         loss.backward()

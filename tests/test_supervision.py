@@ -231,10 +231,3 @@ def test_random_token_mask_drops_the_requested_fraction_reproducibly():
     assert not sv.random_token_mask(mask, 1.0, torch.Generator().manual_seed(1)).any()
     with pytest.raises(ValueError, match="mask_ratio"):
         sv.random_token_mask(mask, 1.5)
-
-
-def test_supervised_fraction():
-    completion = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)
-    supervised = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
-    assert sv.supervised_fraction(supervised, completion) == pytest.approx(4 / 6)
-    assert sv.supervised_fraction(supervised[:0], completion[:0]) == 0.0

@@ -185,26 +185,6 @@ def sampled_token_divergence(student_logp: torch.Tensor,
     return (s - teacher_logp.float()).detach() * s
 
 
-def topk_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *, k: int = 100,
-                    alpha: float = 0.5, tail: bool = True) -> torch.Tensor:
-    """Divergence on the student's top-k support plus one tail bucket (the SDPO reference).
-
-    The support is the k tokens the student ranks highest; the teacher's log-probs are read at
-    the same tokens. Logits ``[..., V]`` -> loss ``[...]``; see :func:`topk_logprob_divergence`
-    (which :func:`sdpo_loss` uses, on log-probs gathered by :mod:`clbench.train.logprobs`).
-    """
-    if k < 1:
-        raise ValueError(f"topk must be >= 1, got {k}")
-    student_logits = student_logits.float()
-    teacher_logits = teacher_logits.detach().float()
-    k = min(k, student_logits.shape[-1])
-    top_logits, top_ids = torch.topk(student_logits, k=k, dim=-1)
-    s = top_logits - torch.logsumexp(student_logits, dim=-1, keepdim=True)
-    t = (torch.gather(teacher_logits, -1, top_ids)
-         - torch.logsumexp(teacher_logits, dim=-1, keepdim=True))
-    return topk_logprob_divergence(s, t, alpha=alpha, tail=tail)
-
-
 def topk_logprob_divergence(student_topk_logp: torch.Tensor, teacher_topk_logp: torch.Tensor, *,
                             alpha: float = 0.5, tail: bool = True) -> torch.Tensor:
     """The top-k divergence from log-probs already gathered on the student's top-k tokens.
@@ -223,13 +203,6 @@ def topk_logprob_divergence(student_topk_logp: torch.Tensor, teacher_topk_logp: 
         s = s - torch.logsumexp(s, dim=-1, keepdim=True)
         t = t - torch.logsumexp(t, dim=-1, keepdim=True)
     return generalized_jsd(s, t, alpha)
-
-
-def full_divergence(student_logits: torch.Tensor, teacher_logits: torch.Tensor, *,
-                    alpha: float = 0.5) -> torch.Tensor:
-    """:func:`generalized_jsd` over the full vocabulary. Logits ``[..., V]`` -> loss ``[...]``."""
-    return generalized_jsd(torch.log_softmax(student_logits.float(), dim=-1),
-                           torch.log_softmax(teacher_logits.detach().float(), dim=-1), alpha)
 
 
 def importance_weight(logp_new: torch.Tensor, logp_old: torch.Tensor,
@@ -267,29 +240,6 @@ class SDPOLossTerms:
     loss: torch.Tensor        # token_mean(divergence * weight, mask)
     divergence: torch.Tensor  # [B, T] per-token divergence (with the student's graph)
     weight: torch.Tensor      # [B, T] detached importance weight
-
-
-def scores_from_logits(student_logits: torch.Tensor, teacher_logits: torch.Tensor,
-                       token_ids: torch.Tensor, mode: Divergence, topk: int = 100
-                       ) -> tuple[DistillationScores, DistillationScores]:
-    """Both sides' :class:`DistillationScores` from full logits ``[B, T, V]`` and the sampled
-    `token_ids` ``[B, T]`` (what :mod:`clbench.train.logprobs` computes chunk by chunk from a
-    model, here from tensors at hand). The teacher's side carries no gradient."""
-    if mode not in DIVERGENCES:
-        raise ValueError(f"unknown divergence {mode!r}; expected one of {', '.join(DIVERGENCES)}")
-    s = torch.log_softmax(student_logits.float(), dim=-1)
-    t = torch.log_softmax(teacher_logits.detach().float(), dim=-1)
-    ids = token_ids.long().unsqueeze(-1)
-    student = DistillationScores(torch.gather(s, -1, ids).squeeze(-1))
-    teacher = DistillationScores(torch.gather(t, -1, ids).squeeze(-1))
-    if mode == "topk":
-        if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
-        top_logp, top_ids = torch.topk(s, k=min(topk, s.shape[-1]), dim=-1)
-        student.logprobs, teacher.logprobs = top_logp, torch.gather(t, -1, top_ids)
-    elif mode == "full":
-        student.logprobs, teacher.logprobs = s, t
-    return student, teacher
 
 
 def divergence_per_token(mode: Divergence, student: DistillationScores,

@@ -208,9 +208,3 @@ def random_token_mask(mask: torch.Tensor, mask_ratio: float,
         return mask
     u = torch.rand(mask.shape, generator=generator, device="cpu").to(mask.device)
     return mask & (u >= mask_ratio)
-
-
-def supervised_fraction(supervised: torch.Tensor, completion_mask: torch.Tensor) -> float:
-    """Supervision density: supervised tokens / completion tokens (0 for an empty batch)."""
-    total = int(completion_mask.bool().sum())
-    return float((supervised.bool() & completion_mask.bool()).sum()) / total if total else 0.0
