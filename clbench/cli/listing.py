@@ -28,7 +28,7 @@ def list_command(what: str) -> None:
     Example:
       clbench list methods
     """
-    from clbench.plugins import catalog
+    from clbench.cli import catalog
 
     console = stdout_console()
     if what == "suites":
@@ -139,7 +139,7 @@ def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str
       clbench tasks show math.arithmetic --n 3 --seed 0 --split eval
       clbench tasks show math.arithmetic --set digits=3 --set 'operators=+*'
     """
-    from clbench.plugins import catalog
+    from clbench.cli import catalog
     from clbench.plugins.registry import build_task, load_task_class
     from clbench.spec.schema import TaskSpec
     from clbench.spec.suites import apply_overrides
@@ -175,7 +175,7 @@ def methods_show_command(name: str) -> None:
     Example:
       clbench methods show sdpo
     """
-    from clbench.plugins import catalog
+    from clbench.cli import catalog
     from clbench.plugins.registry import load_method_class
 
     cls = load_method_class(name)
