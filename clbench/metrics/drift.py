@@ -1,0 +1,194 @@
+"""Parameter drift: how far training moved a model's weight matrices, as pure functions.
+
+For one 2-D weight matrix, W0 before and W1 after (the base model's, or the previous stage's):
+
+- **normalised spectral shift** NSS = ||sigma(W1) - sigma(W0)||_2 / ||sigma(W0)||_2, sigma the
+  singular values in decreasing order;
+- **largest principal angle** (degrees) between the top-k left singular subspaces of W0 and W1,
+  and between their top-k right ones: the cosines of the principal angles between two k-frames
+  are the singular values of U0_k^T U1_k, their sines those of (I - U0_k U0_k^T) U1_k; the
+  largest angle is computed from the largest sine (accurate for small angles);
+- **changed fraction**: the share of entries with |W1 - W0| > rtol * max(|W0|, |W1|) (the
+  paper's update mask, rtol 1e-3);
+- **principal-mask overlap**: the principal mask of W is the `mask_fraction` of its entries that
+  are largest in magnitude in its rank-k reconstruction U_k diag(sigma_k) V_k^T; the overlap is
+  |M0 & M1| / |M0 | M1| (Jaccard: 1 when the same entries carry the principal structure, 0 when
+  none do). The paper's exact form is not public; this is clbench's, and is named so in results.
+
+Singular values and vectors are computed in float64 from the exact (economy) SVD; a matrix whose
+smaller side exceeds `exact_limit` uses a randomised rank-(k + oversampling) SVD for its
+subspaces and mask (`torch.svd_lowrank`, with power iterations), while its singular values for NSS
+stay exact (`svdvals`, cheaper than a full SVD). :func:`model_drift` aggregates the matrices by
+kind (attention, MLP, embeddings, other) and over all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+#: Name fragments that say which kind of layer a weight matrix belongs to (Hugging Face names).
+KINDS = {
+    "embeddings": ("embed", "wte", "wpe", "lm_head", "word_embeddings", "shared"),
+    "attention": ("attn", "attention", "q_proj", "k_proj", "v_proj", "o_proj", "qkv",
+                  "query", "key", "value", "c_attn"),
+    "mlp": ("mlp", "feed_forward", "ffn", "gate_proj", "up_proj", "down_proj", "fc1", "fc2",
+            "c_fc", "dense_h_to_4h", "dense_4h_to_h"),
+}
+
+
+@dataclass(frozen=True)
+class DriftSettings:
+    """What the drift of a matrix is measured with (a suite's protocol sets them)."""
+
+    k: int = 16                   # singular directions of the subspaces and the mask
+    rtol: float = 1e-3            # relative tolerance of the changed fraction
+    mask_fraction: float = 0.1    # share of entries in a principal mask
+    exact_limit: int = 2048       # larger smaller-side: randomised subspaces
+    oversampling: int = 8
+    power_iterations: int = 4
+
+
+@dataclass(frozen=True)
+class MatrixDrift:
+    """The drift of one matrix (see the module docstring)."""
+
+    nss: float
+    left_angle: float        # degrees
+    right_angle: float       # degrees
+    changed_fraction: float
+    mask_overlap: float
+    parameters: int
+
+    @property
+    def max_angle(self) -> float:
+        return max(self.left_angle, self.right_angle)
+
+
+def layer_kind(name: str) -> str:
+    """`embeddings`, `attention`, `mlp` or `other`, from a parameter's name."""
+    lowered = name.lower()
+    for kind, fragments in KINDS.items():
+        if any(fragment in lowered for fragment in fragments):
+            return kind
+    return "other"
+
+
+def nss(sigma0: torch.Tensor, sigma1: torch.Tensor) -> float:
+    """||sigma1 - sigma0|| / ||sigma0|| of two vectors of singular values (decreasing)."""
+    base = float(torch.linalg.vector_norm(sigma0))
+    if base == 0.0:
+        return 0.0 if float(torch.linalg.vector_norm(sigma1)) == 0.0 else math.inf
+    return float(torch.linalg.vector_norm(sigma1 - sigma0)) / base
+
+
+def max_principal_angle(frame0: torch.Tensor, frame1: torch.Tensor) -> float:
+    """The largest principal angle (degrees) between the column spaces of two orthonormal
+    frames of the same shape. Its sine is the largest singular value of the part of `frame1`
+    outside the span of `frame0` (accurate for the small angles training gives, where the
+    arccos of the cosines is not: a cosine of 1 - 1e-16 is already 1e-6 degrees)."""
+    if frame1.numel() == 0:
+        return 0.0
+    outside = frame1 - frame0 @ (frame0.T @ frame1)
+    sine = float(torch.linalg.matrix_norm(outside, ord=2).clamp(0.0, 1.0))
+    return math.degrees(math.asin(sine))
+
+
+def changed_fraction(w0: torch.Tensor, w1: torch.Tensor, rtol: float) -> float:
+    """Share of entries with |w1 - w0| > rtol * max(|w0|, |w1|)."""
+    delta = (w1 - w0).abs()
+    return float((delta > rtol * torch.maximum(w0.abs(), w1.abs())).float().mean())
+
+
+def principal_mask(u: torch.Tensor, s: torch.Tensor, v: torch.Tensor, fraction: float
+                   ) -> torch.Tensor:
+    """Boolean mask of the `fraction` largest-magnitude entries of the reconstruction
+    u diag(s) v^T (at least one entry)."""
+    recon = ((u * s) @ v.T).abs().flatten()
+    count = max(1, round(fraction * recon.numel()))
+    mask = torch.zeros_like(recon, dtype=torch.bool)
+    mask[torch.topk(recon, count).indices] = True
+    return mask
+
+
+def _top_k(w: torch.Tensor, settings: DriftSettings
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(U_k, sigma_k, V_k) of `w` (float64), exact or randomised (see the module docstring)."""
+    k = min(settings.k, *w.shape)
+    if min(w.shape) <= settings.exact_limit:
+        u, s, vh = torch.linalg.svd(w, full_matrices=False)
+        return u[:, :k], s[:k], vh[:k].T
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(0)  # the same sketch every time: drift must not depend on the RNG
+    try:
+        u, s, v = torch.svd_lowrank(w, q=min(k + settings.oversampling, *w.shape),
+                                    niter=settings.power_iterations)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return u[:, :k], s[:k], v[:, :k]
+
+
+def matrix_drift(w0: torch.Tensor, w1: torch.Tensor, settings: DriftSettings = DriftSettings()
+                 ) -> MatrixDrift:
+    """The drift of one matrix from `w0` to `w1` (same shape)."""
+    if w0.shape != w1.shape or w0.dim() != 2:
+        raise ValueError(f"drift compares two matrices of one shape, got {tuple(w0.shape)} and "
+                         f"{tuple(w1.shape)}")
+    a, b = w0.detach().to(torch.float64), w1.detach().to(torch.float64)
+    u0, s0, v0 = _top_k(a, settings)
+    u1, s1, v1 = _top_k(b, settings)
+    shift = nss(torch.linalg.svdvals(a), torch.linalg.svdvals(b))
+    m0 = principal_mask(u0, s0, v0, settings.mask_fraction)
+    m1 = principal_mask(u1, s1, v1, settings.mask_fraction)
+    union = int((m0 | m1).sum())
+    overlap = int((m0 & m1).sum()) / union if union else 1.0
+    return MatrixDrift(nss=shift, left_angle=max_principal_angle(u0, u1),
+                       right_angle=max_principal_angle(v0, v1),
+                       changed_fraction=changed_fraction(a, b, settings.rtol),
+                       mask_overlap=overlap, parameters=a.numel())
+
+
+def weight_matrices(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The 2-D weights among named parameters (tied copies counted once, by storage)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[int] = set()
+    for name, tensor in named:
+        if tensor.dim() != 2:
+            continue
+        key = tensor.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        out[name] = tensor
+    return out
+
+
+def summarise(drifts: Mapping[str, MatrixDrift]) -> dict[str, dict[str, float]]:
+    """Per kind and `all`: NSS, changed fraction and mask overlap averaged over the matrices
+    weighted by their parameters, the largest principal angle, and the matrix count."""
+    groups: dict[str, list[MatrixDrift]] = {}
+    for name, drift in drifts.items():
+        groups.setdefault(layer_kind(name), []).append(drift)
+    groups["all"] = list(drifts.values())
+    out = {}
+    for kind, items in groups.items():
+        if not items:
+            continue
+        total = sum(d.parameters for d in items)
+        mean = {field: sum(getattr(d, field) * d.parameters for d in items) / total
+                for field in ("nss", "changed_fraction", "mask_overlap")}
+        out[kind] = {**mean, "max_principal_angle": max(d.max_angle for d in items),
+                     "matrices": float(len(items))}
+    return out
+
+
+def model_drift(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor],
+                settings: DriftSettings = DriftSettings()) -> dict[str, dict[str, float]]:
+    """:func:`summarise` of every 2-D weight present in both (by name, with equal shapes)."""
+    drifts = {name: matrix_drift(before[name], w, settings) for name, w in after.items()
+              if name in before and before[name].shape == w.shape and w.dim() == 2}
+    return summarise(drifts)
+
