@@ -208,12 +208,16 @@ def test_run_plan(write_suite, fake_plugins, columns: str) -> None:
     assert '"lr": 1e-05' in out and '"beta": 0.5' in out  # resolved method config
 
 
-@pytest.mark.e2e
-def test_run_calls_the_protocol(write_suite, fake_plugins, monkeypatch, tmp_path: Path) -> None:
+def test_run_calls_the_protocol_and_prints_its_result(write_suite, fake_plugins, monkeypatch,
+                                                      tmp_path: Path) -> None:
+    from clbench.results import new_result
+
     calls = []
     fake = types.ModuleType("clbench.run.protocol")
+
     def execute(run, resume, console):
         calls.append((run, resume))
+        return new_result(run)
 
     fake.execute = execute  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "clbench.run.protocol", fake)
@@ -224,6 +228,7 @@ def test_run_calls_the_protocol(write_suite, fake_plugins, monkeypatch, tmp_path
     ((run, resume),) = calls
     assert resume is True
     assert (run.out_dir, run.model.name, run.device) == (str(out), "tiny-llama", "cpu")
+    assert "method settings: fake-method's defaults" in result.output  # the CLI printed it
 
 
 @pytest.mark.parametrize(("args", "fragments"), [

@@ -277,6 +277,7 @@ def _sft_step_grads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                     dist: Distributed | None = None) -> dict[str, Any]:
     """One SFT step on toy items whose references have uneven lengths: the gradients the
     optimizer got, the loss and this rank's response tokens."""
+    import clbench.train.loop as loop
     import clbench_methods.sft as sft
 
     model, tok = tiny(seed=0)
@@ -284,13 +285,13 @@ def _sft_step_grads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     ctx.train_examples = [dataclasses.replace(e, reference=e.reference[:1 + 3 * i % 8])
                           for i, e in enumerate(ctx.train_examples)]
     grads: list[Any] = []
-    original = sft.optimizer_step
+    original = loop.optimizer_step
 
     def step(model: Any, *args: Any) -> Any:
         grads.extend(p.grad.detach().clone() for p in model.parameters())
         return original(model, *args)
 
-    monkeypatch.setattr(sft, "optimizer_step", step)
+    monkeypatch.setattr(loop, "optimizer_step", step)
     with one_thread():
         report = sft.SFT({"lr": 1e-3, "max_grad_norm": None}).train_stage(ctx)
     monkeypatch.undo()

@@ -125,9 +125,11 @@ def test_gradient_checkpointing_changes_memory_not_gradients() -> None:
 
 def test_the_scores_sdpo_gets_from_models_equal_scores_from_their_logits(model) -> None:
     """What the SDPO methods feed `sdpo_loss` (the student's top-k, the teacher read at the
-    student's ids, by `completion_distributions`) equals `losses.scores_from_logits` on the same
+    student's ids, by `completion_distributions`) equals `scores_from_logits` on the same
     logits, the path `sdpo_loss` is compared with TRL on: so that comparison covers the method."""
-    from clbench.train.losses import DistillationScores, scores_from_logits, sdpo_loss
+    from logit_losses import scores_from_logits
+
+    from clbench.train.losses import DistillationScores, sdpo_loss
 
     teacher = tiny("tiny-qwen2", seed=3)[0]
     prompt, completion = PROMPTS[1], COMPLETIONS[1]

@@ -104,9 +104,10 @@ def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "holds no clbench run" in res.output.replace("\n", " ")
 
 
-@pytest.mark.parametrize("stopped_in", ["fill_metrics", "print_summary"])
+@pytest.mark.parametrize("stopped_in", ["fill_metrics", "print_summary"])  # by the run, the CLI
 def test_ctrl_c_after_the_last_row_says_whether_the_run_completed(tmp_path: Path, monkeypatch,
                                                                   stopped_in: str) -> None:
+    from clbench.report import runs
     from clbench.run import protocol
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 2"))
@@ -118,7 +119,7 @@ def test_ctrl_c_after_the_last_row_says_whether_the_run_completed(tmp_path: Path
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(protocol, stopped_in, ctrl_c)
+        patch.setattr(runs if stopped_in == "print_summary" else protocol, stopped_in, ctrl_c)
         res = run_cli(args)
     said = " ".join(res.output.split())
     assert res.exit_code == 130 and "Traceback" not in res.output

@@ -24,7 +24,7 @@ def test_list_reads_descriptions_and_distributions(fake_plugins) -> None:
     (method,) = registry.list_plugins(M)
     assert (method.name, method.distribution, method.description) == (
         "fake-method", "fake-dist", "A method that trains nothing (test plugin).")
-    assert method.value == "conftest:FakeMethod"
+    assert method.value == "fakes:FakeMethod"
     (task,) = registry.list_plugins(T)
     assert task.details == {"domain": "math", "origin": "offline", "license": "Apache-2.0"}
     assert task.load_error is None
@@ -73,8 +73,8 @@ def test_same_name_from_two_distributions_names_both() -> None:
             registry.load_method_class("sdpo")
         listed = registry.list_plugins(M)
     assert str(info.value) == (
-        "method 'sdpo' is registered by more than one distribution: clbench (conftest:FakeMethod)"
-        " and sdpo-fork (conftest:FakeAddition). Uninstall one of them.")
+        "method 'sdpo' is registered by more than one distribution: clbench (fakes:FakeMethod)"
+        " and sdpo-fork (fakes:FakeAddition). Uninstall one of them.")
     assert [(p.name, p.distribution) for p in listed] == [("sdpo", "clbench"),
                                                            ("sdpo", "sdpo-fork")]
     assert all(p.description.startswith("(conflict: ") for p in listed)
@@ -118,8 +118,8 @@ def test_entry_point_must_name_the_right_kind_of_class() -> None:
     wrong = StaticEntryPoint("adder", M, FakeAddition, "confused-plugin")
     with registry.using_entry_points(entries(wrong)):
         with pytest.raises(PluginError, match=r"method 'adder' from distribution confused-plugin:"
-                                              r" conftest:FakeAddition is not a subclass of "
-                                              r"clbench\.engine\.api\.Method"):
+                                              r" fakes:FakeAddition is not a subclass of "
+                                              r"clbench\.train\.api\.Method"):
             registry.load_method_class("adder")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,11 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
 
     result = protocol.execute(run, resume=resume, console=console)
     if launched_as_main():
-        print_summary(console, result)
+        try:
+            print_summary(console, result)
+        except KeyboardInterrupt as exc:  # the results are written: say so, not "interrupted"
+            detail = f"the run had completed: clbench report {shlex.quote(run.out_dir)} prints it"
+            raise protocol.RunInterrupted.after(exc, detail) from None
 
 
 def _print_estimate(run: Any, console: Console) -> None:

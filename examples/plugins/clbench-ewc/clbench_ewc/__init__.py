@@ -10,7 +10,9 @@ Every later optimizer step adds
 
     ewc_lambda / 2 * sum_i F_i * (theta_i - theta*_i)^2
 
-to SFT's loss. The Fisher and the anchor weights are the method's state: they outlive a stage
+to SFT's loss. What it holds back is the Fisher-weighted distance sum F (theta - theta*)^2
+(under AdamW a weight with little Fisher still moves about lr per step, as under SFT). The
+Fisher and the anchor weights are the method's state: they outlive a stage
 and are checkpointed with it (two copies of the model's trainable weights).
 
 This package is an example of a clbench method plugin: it subclasses the built-in SFT and adds
