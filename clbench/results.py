@@ -134,6 +134,9 @@ class StageRecord(Record):
                                      "and teacher tokens, and similar counts.")
     wall_time: dict[str, float] = Field(default_factory=dict, description="Seconds per phase.")
     extra: dict[str, Any] = Field(default_factory=dict)
+    diagnostics: dict[str, Any] = Field(default_factory=dict, description="Measured after the "
+                                        "stage: `weight_drift` (vs_base, vs_previous), "
+                                        "`artifacts` (per task column), `collapse` (reasons).")
 
 
 class MethodInfo(Record):

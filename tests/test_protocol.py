@@ -63,7 +63,9 @@ def test_cli_run_writes_a_complete_valid_result(tmp_path: Path) -> None:
     assert result.stages[1].summary["lr"] == pytest.approx(3e-2 / 2)  # method state carried
     assert result.compute.tokens == {"trained_tokens": 10 * (8 + 8)}
     assert (out / "run.log").read_text().count("stage 2 step") == 8
-    assert list((out / "checkpoints").iterdir()) == [out / "checkpoints" / "stage2"]
+    # the last stage's checkpoint, and the base weights drift is measured against
+    assert sorted((out / "checkpoints").iterdir()) == [
+        out / "checkpoints" / "base-weights.safetensors", out / "checkpoints" / "stage2"]
     assert not (out / "work").exists()
     assert "bwt" in res.output and "after high" in res.output
     # no terminal here: progress comes as lines (every minute, and as each task completes)
@@ -311,24 +313,28 @@ def test_smoke_suite_with_each_builtin_method_through_the_cli(tmp_path: Path, me
         assert stage.counters.get("trained_tokens", 0) > 0
 
 
-def test_diagnostics_not_yet_available_are_refused_not_silently_skipped(tmp_path: Path) -> None:
+def test_diagnostics_in_the_old_list_form_are_refused_with_the_new_form(tmp_path: Path) -> None:
     from clbench.cli import cli
 
     res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--out",
                                    str(tmp_path / "r"), "--set",
                                    "protocol.diagnostics=[weight_drift]"])
     assert res.exit_code == 2
-    assert "diagnostics are not available" in res.output and "Traceback" not in res.output
+    assert "diagnostics is a mapping" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "r" / "results.json").exists()
     # found as early by the commands that only read the suite
     plan = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--plan",
                                     "--set", "protocol.diagnostics=[weight_drift]"])
-    assert plan.exit_code == 2 and "protocol.diagnostics: Value error, ['weight_drift']: drift " \
-        "and collapse diagnostics are not available" in plan.output.replace("\n", " ")
+    assert plan.exit_code == 2 and "protocol.diagnostics" in plan.output
     suite = tmp_path / "with-diagnostics.yaml"
     from clbench.spec.suites import resolve_suite
     suite.write_text(resolve_suite("smoke").read_text().replace(
         "protocol:\n", "protocol:\n  diagnostics: [artifacts]\n"))
     assert "diagnostics: [artifacts]" in suite.read_text()
     checked = CliRunner().invoke(cli, ["validate", str(suite)])
-    assert checked.exit_code == 2 and "diagnostics are not available" in checked.output
+    assert checked.exit_code == 2 and "diagnostics is a mapping" in checked.output
+    suite.write_text(resolve_suite("smoke").read_text().replace(
+        "protocol:\n", "protocol:\n  diagnostics: {weight_drift: {k: 4}}\n"))
+    assert CliRunner().invoke(cli, ["validate", str(suite)]).exit_code == 0
+
+

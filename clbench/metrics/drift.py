@@ -15,11 +15,15 @@ For one 2-D weight matrix, W0 before and W1 after (the base model's, or the prev
   |M0 & M1| / |M0 | M1| (Jaccard: 1 when the same entries carry the principal structure, 0 when
   none do). The paper's exact form is not public; this is clbench's, and is named so in results.
 
-Singular values and vectors are computed in float64 from the exact (economy) SVD; a matrix whose
-smaller side exceeds `exact_limit` uses a randomised rank-(k + oversampling) SVD for its
-subspaces and mask (`torch.svd_lowrank`, with power iterations), while its singular values for NSS
-stay exact (`svdvals`, cheaper than a full SVD). :func:`model_drift` aggregates the matrices by
-kind (attention, MLP, embeddings, other) and over all of them.
+Everything is computed in float64. The singular values (NSS) are always exact. The top-k
+singular vectors (angles, mask) come from the exact economy SVD for a matrix whose smaller side
+is at most `exact_limit`, and otherwise from a randomised rank-(k + oversampling) SVD with power
+iterations (`torch.svd_lowrank`, seeded) for larger ones. On the embedded model (all sides
+<= 576) everything is exact: the randomised path saved little there (the exact singular values
+and the masks cost as much) and moved the largest angle by up to a third where the k-th and
+(k+1)-th singular values are close (docs/metrics.md, benchmarks/diagnostics_cost.py).
+:func:`model_drift` aggregates the matrices by kind (attention, MLP, embeddings, other) and over
+all of them.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ class DriftSettings:
     k: int = 16                   # singular directions of the subspaces and the mask
     rtol: float = 1e-3            # relative tolerance of the changed fraction
     mask_fraction: float = 0.1    # share of entries in a principal mask
-    exact_limit: int = 2048       # larger smaller-side: randomised subspaces
+    exact_limit: int = 4096       # larger smaller-side: randomised subspaces (see below)
     oversampling: int = 8
     power_iterations: int = 4
 
@@ -114,21 +118,51 @@ def principal_mask(u: torch.Tensor, s: torch.Tensor, v: torch.Tensor, fraction: 
     return mask
 
 
-def _top_k(w: torch.Tensor, settings: DriftSettings
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(U_k, sigma_k, V_k) of `w` (float64), exact or randomised (see the module docstring)."""
+@dataclass(frozen=True)
+class Profile:
+    """What the drift of a matrix needs of one side besides its entries: every singular value,
+    the top-k singular triplets and the principal mask (computed once, compared often)."""
+
+    sigma: torch.Tensor   # all singular values, decreasing (float64)
+    u: torch.Tensor       # [m, k]
+    s: torch.Tensor       # [k]
+    v: torch.Tensor       # [n, k]
+    mask: torch.Tensor    # [m * n] bool: the principal mask
+
+
+def profile(w: torch.Tensor, settings: DriftSettings = DriftSettings()) -> Profile:
+    """The :class:`Profile` of `w`, exact or randomised (see the module docstring)."""
+    w = w.detach().to(torch.float64)
     k = min(settings.k, *w.shape)
     if min(w.shape) <= settings.exact_limit:
         u, s, vh = torch.linalg.svd(w, full_matrices=False)
-        return u[:, :k], s[:k], vh[:k].T
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(0)  # the same sketch every time: drift must not depend on the RNG
-    try:
-        u, s, v = torch.svd_lowrank(w, q=min(k + settings.oversampling, *w.shape),
-                                    niter=settings.power_iterations)
-    finally:
-        torch.random.set_rng_state(generator_state)
-    return u[:, :k], s[:k], v[:, :k]
+        u, sigma_k, v, sigma = u[:, :k], s[:k], vh[:k].T, s
+    else:
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(0)  # the same sketch every time: drift must not depend on the RNG
+        try:
+            u, sigma_k, v = torch.svd_lowrank(w, q=min(k + settings.oversampling, *w.shape),
+                                              niter=settings.power_iterations)
+        finally:
+            torch.random.set_rng_state(generator_state)
+        u, sigma_k, v = u[:, :k], sigma_k[:k], v[:, :k]
+        sigma = torch.linalg.svdvals(w)
+    return Profile(sigma, u, sigma_k, v, principal_mask(u, sigma_k, v, settings.mask_fraction))
+
+
+def drift_between(w0: torch.Tensor, p0: Profile, w1: torch.Tensor, p1: Profile,
+                  settings: DriftSettings = DriftSettings()) -> MatrixDrift:
+    """The drift from `w0` to `w1` given their profiles (computed once, compared often)."""
+    if w0.shape != w1.shape or w0.dim() != 2:
+        raise ValueError(f"drift compares two matrices of one shape, got {tuple(w0.shape)} and "
+                         f"{tuple(w1.shape)}")
+    a, b = w0.detach().to(torch.float64), w1.detach().to(torch.float64)
+    union = int((p0.mask | p1.mask).sum())
+    overlap = int((p0.mask & p1.mask).sum()) / union if union else 1.0
+    return MatrixDrift(nss=nss(p0.sigma, p1.sigma), left_angle=max_principal_angle(p0.u, p1.u),
+                       right_angle=max_principal_angle(p0.v, p1.v),
+                       changed_fraction=changed_fraction(a, b, settings.rtol),
+                       mask_overlap=overlap, parameters=a.numel())
 
 
 def matrix_drift(w0: torch.Tensor, w1: torch.Tensor, settings: DriftSettings = DriftSettings()
@@ -137,18 +171,7 @@ def matrix_drift(w0: torch.Tensor, w1: torch.Tensor, settings: DriftSettings = D
     if w0.shape != w1.shape or w0.dim() != 2:
         raise ValueError(f"drift compares two matrices of one shape, got {tuple(w0.shape)} and "
                          f"{tuple(w1.shape)}")
-    a, b = w0.detach().to(torch.float64), w1.detach().to(torch.float64)
-    u0, s0, v0 = _top_k(a, settings)
-    u1, s1, v1 = _top_k(b, settings)
-    shift = nss(torch.linalg.svdvals(a), torch.linalg.svdvals(b))
-    m0 = principal_mask(u0, s0, v0, settings.mask_fraction)
-    m1 = principal_mask(u1, s1, v1, settings.mask_fraction)
-    union = int((m0 | m1).sum())
-    overlap = int((m0 & m1).sum()) / union if union else 1.0
-    return MatrixDrift(nss=shift, left_angle=max_principal_angle(u0, u1),
-                       right_angle=max_principal_angle(v0, v1),
-                       changed_fraction=changed_fraction(a, b, settings.rtol),
-                       mask_overlap=overlap, parameters=a.numel())
+    return drift_between(w0, profile(w0, settings), w1, profile(w1, settings), settings)
 
 
 def weight_matrices(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

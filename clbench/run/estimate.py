@@ -74,6 +74,7 @@ class RunEstimate:
     stage_checkpoint_bytes: int  # weights and the method's state
     step_checkpoint_bytes: int  # the same and the method's progress in the stage
     not_estimated: tuple[str, ...] = ()  # columns left out (lm-eval probes)
+    base_weights_bytes: int = 0  # the base model's matrices, kept for parameter drift
 
     @property
     def eval_seconds(self) -> float:
@@ -89,8 +90,10 @@ class RunEstimate:
 
     @property
     def disk_bytes(self) -> int:
-        """The last stage's checkpoint, the latest step's and its successor being written."""
-        return self.stage_checkpoint_bytes + 2 * self.step_checkpoint_bytes
+        """The last stage's checkpoint, the latest step's and its successor being written, and
+        the base weights parameter drift is measured against."""
+        return self.stage_checkpoint_bytes + 2 * self.step_checkpoint_bytes + \
+            self.base_weights_bytes
 
 
 def middle_batch(examples: Sequence[Example], batch_size: int,
@@ -144,7 +147,9 @@ def estimate_run(cal: Calibration, plans: Sequence[ColumnPlan],
     return RunEstimate(rows=1 + len(stages), columns=columns, stages=tuple(stages),
                        stage_checkpoint_bytes=weights + method_state,
                        step_checkpoint_bytes=weights + method_state + progress,
-                       not_estimated=tuple(p.name for p in plans if p.task is None))
+                       not_estimated=tuple(p.name for p in plans if p.task is None),
+                       base_weights_bytes=weights if
+                       cal.run.suite.protocol.diagnostics.weight_drift.enabled else 0)
 
 
 def _column_cost(cal: Calibration, plan: ColumnPlan) -> ColumnCost:

@@ -39,6 +39,7 @@ import logging
 import os
 import shlex
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -62,6 +63,7 @@ from clbench.results import (
 )
 from clbench.run.baserow import base_row, evaluation_stamp
 from clbench.run.context import RunContext
+from clbench.run.diagnostics import WeightDrift, keep_base_weights, row_artifacts, row_collapse
 from clbench.run.joint import MixedTasks, mixed_train_set
 from clbench.run.rows import (
     ColumnPlan,
@@ -301,6 +303,22 @@ def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
     return _Items(plans, stage_tasks, train_sets)
 
 
+def row_diagnostics(run: RunSpec, run_dir: Path, stage: int, plans: Sequence[ColumnPlan],
+                    result: RunResult, found: dict[str, Any]) -> list[str]:
+    """Artifacts and collapse of the row just evaluated after `stage`, added to `found`; the
+    reasons the row counts as collapsed (empty: it does not)."""
+    spec = run.suite.protocol.diagnostics
+    artifacts = row_artifacts(run_dir, stage, plans, spec.artifacts) \
+        if spec.artifacts.enabled else {}
+    if artifacts:
+        found["artifacts"] = artifacts
+    reasons = row_collapse(result.columns, result.matrix[stage], artifacts, spec.collapse)
+    found["collapse"] = reasons
+    if reasons:
+        log.warning("row %d looks collapsed: %s", stage, "; ".join(reasons))
+    return reasons
+
+
 def _load_model(run: RunSpec, dist: Distributed) -> tuple[Any, Any]:
     """(model, tokenizer) on the run's device, initialised from the run seed (tiny models)."""
     seed_everything(derive_seed(run.seed, "init"))
@@ -340,6 +358,11 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     def saved() -> None:
         clock.saved(len(result.matrix))
     done = max(0, len(result.matrix) - 1)
+    diagnostics = run.suite.protocol.diagnostics
+    drift = WeightDrift(run_dir, diagnostics.weight_drift) \
+        if diagnostics.weight_drift.enabled and main else None
+    if drift is not None and not any((run_dir / "checkpoints").glob("stage*")):
+        keep_base_weights(run_dir, model)  # nothing trained yet: the model is the base model
     trained, resume = _restore(run, run_dir, result, model, method, console)
     result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                              "parameters": sum(p.numel() for p in model.parameters()),
@@ -374,24 +397,40 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                                          items.train_sets[stage - 1],  # type: ignore[arg-type]
                                          resume=resume)
                     resume = None  # taken: its optimizer state is not kept for later stages
+                    if drift is not None:  # before keeping it: the previous stage's is on disk
+                        report.extra["weight_drift"] = drift.after_stage(stage, model)
+                        report.wall_time["weight_drift"] = drift.seconds
                     if main:
                         keep_trained_stage(run_dir, stage, report, model, method)
                         saved()
                     dist.wait()
                 seed_everything(derive_seed(run.seed, stage, "eval"))
                 cells = evaluate_row(ctx, stage)
-                result.stages.append(StageRecord(
-                    index=stage, name=spec.name, summary=report.summary(),
-                    counters=report.counters, wall_time=report.wall_time,
-                    extra=json.loads(json.dumps(report.extra, default=str))))
+                extra = json.loads(json.dumps(report.extra, default=str))
+                found = {"weight_drift": extra.pop("weight_drift")} \
+                    if "weight_drift" in extra else {}
                 result.matrix.append(to_cells(cells))
                 result.row_labels.append(f"after {spec.name}")
+                collapsed = dist.broadcast(row_diagnostics(run, run_dir, stage, plans, result,
+                                                           found) if main else None)
+                result.stages.append(StageRecord(
+                    index=stage, name=spec.name, summary=report.summary(),
+                    counters=report.counters, wall_time=report.wall_time, extra=extra,
+                    diagnostics=found))
+                if collapsed and diagnostics.collapse.stop:
+                    result.status = "collapsed"
+                    result.error = f"collapsed after stage {stage} ({spec.name}): " + \
+                        "; ".join(collapsed)
                 account_compute(result, clock.lap(), device)
                 if main:
                     write_results(run_dir / RESULTS_FILENAME, result)
                 dist.wait()
                 progress.advance(stages_bar)
                 log.info("stage %d (%s) done", stage, spec.name)
+                if result.status == "collapsed":
+                    log.warning("%s; the remaining stages are not trained (collapse.stop)",
+                                result.error)
+                    return result
     except KeyboardInterrupt as exc:
         log.warning("%s during %s", stop_of(exc)[0], f"stage {stage}" if stage else "row 0")
         kept = what_is_saved(run_dir, len(result.matrix), len(result.columns))

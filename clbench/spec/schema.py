@@ -141,7 +141,56 @@ class DecodingSpec(Spec):
 
 MetricName = Literal["acc", "op", "aia", "la", "bwt", "fwt", "forgetting", "ood_delta",
                      "general_delta", "intransigence"]
-DiagnosticName = Literal["weight_drift", "response_drift", "artifacts"]
+
+
+class WeightDriftSpec(Spec):
+    """Parameter drift of every 2-D weight after each stage (:mod:`clbench.metrics.drift`)."""
+
+    enabled: bool = Field(default=True, description="Measure it after every stage.")
+    k: int = Field(default=16, ge=1, description="Singular directions of the compared "
+                   "subspaces (principal angles) and of the rank-k reconstruction (mask).")
+    rtol: float = Field(default=1e-3, gt=0.0, description="An entry counts as changed when "
+                        "|W1 - W0| > rtol * max(|W0|, |W1|).")
+    mask_fraction: float = Field(default=0.1, gt=0.0, le=1.0, description="Share of a matrix's "
+                                 "entries in its principal mask.")
+
+
+class ArtifactSpec(Spec):
+    """Repeated patterns and length of the evaluation completions against row 0's
+    (:mod:`clbench.metrics.artifacts`)."""
+
+    enabled: bool = Field(default=True, description="Look for them after every stage.")
+    n: int = Field(default=4, ge=1, description="Words per pattern (n-gram).")
+    top: int = Field(default=5, ge=1, description="Most frequent patterns reported per column.")
+    growth: float = Field(default=3.0, gt=1.0, description="A pattern is amplified when its "
+                          "rate per response grew by this factor since row 0 (and it occurs at "
+                          "least twice per response).")
+    repeat_limit: int = Field(default=4, ge=2, description="A response is repetitive when one "
+                              "pattern occurs in it this many times.")
+
+
+class CollapseSpec(Spec):
+    """When a row counts as collapsed, and what the run then does."""
+
+    score_floor: float = Field(default=0.02, ge=0.0, le=1.0, description="Collapsed when every "
+                               "stream column scores below this...")
+    degenerate_share: float = Field(default=0.5, gt=0.0, le=1.0, description="... or when in "
+                                    "every task column at least this share of the responses "
+                                    "is repetitive or never ends.")
+    stop: bool = Field(default=False, description="Stop a collapsed run after the row that "
+                       "collapsed (status `collapsed`, the rows so far kept, the evidence in "
+                       "results.json) instead of training the remaining stages.")
+
+
+class DiagnosticsSpec(Spec):
+    """What is measured besides the scores after every stage. None of it changes R (only
+    `collapse.stop` can end a run early), so it is not part of the suite's content hash."""
+
+    weight_drift: WeightDriftSpec = Field(default_factory=WeightDriftSpec,
+                                          description="Parameter drift.")
+    artifacts: ArtifactSpec = Field(default_factory=ArtifactSpec, description="Artifacts in "
+                                    "the evaluation completions.")
+    collapse: CollapseSpec = Field(default_factory=CollapseSpec, description="Collapse.")
 
 
 class MetricVariants(Spec):
@@ -174,21 +223,21 @@ class ProtocolSpec(Spec):
         "--set protocol.split=validation`.")
     decoding: DecodingSpec = Field(default_factory=DecodingSpec, description="Evaluation "
                                    "decoding.")
-    diagnostics: list[DiagnosticName] = Field(default_factory=list, description="Reserved for "
-                                              "drift and collapse diagnostics run after each "
-                                              "stage; not available yet, so a suite that lists "
-                                              "any is refused.")
+    diagnostics: DiagnosticsSpec = Field(default_factory=DiagnosticsSpec, description="Drift, "
+                                         "artifact and collapse diagnostics after each stage.")
     bootstrap_samples: int = Field(default=1000, ge=0, description="Bootstrap resamples of "
                                    "items for each cell's interval (0 disables).")
 
-    @field_validator("diagnostics")
+    @field_validator("diagnostics", mode="before")
     @classmethod
-    def _not_available_yet(cls, diagnostics: list[str]) -> list[str]:
-        # Declared so that suites can be written against the schema; refused rather than
-        # silently reporting nothing, by `validate` and `--plan` as by `run`.
-        if diagnostics:
-            raise ValueError(f"{diagnostics}: drift and collapse diagnostics are not available "
-                             "in this version of clbench; remove them from the suite")
+    def _from_the_reserved_list(cls, diagnostics: Any) -> Any:
+        # Until diagnostics existed the field was a list that had to be empty: suites and
+        # results written then read as the defaults.
+        if isinstance(diagnostics, list) and not diagnostics:
+            return {}
+        if isinstance(diagnostics, list):
+            raise ValueError("diagnostics is a mapping of weight_drift, artifacts and collapse "
+                             "settings, e.g. {weight_drift: {k: 8}}")
         return diagnostics
 
 
@@ -213,7 +262,10 @@ class ModelSpec(Spec):
 #: Suite fields that do not change what a run measures (left out of its hash and identity):
 #: the prose, and the per-method settings, which reach a run through its method config (where
 #: they are recorded and compared) and must not make another suite of every other method's runs.
-MEASURED_EXCLUDES = {"description", "methods"}
+#: What a suite's content hash leaves out: prose, the per-method settings (a run's method config
+#: records those in force) and the diagnostics (they measure R, they do not change it).
+MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True,
+                                     "protocol": {"diagnostics": True}}
 
 
 class SuiteSpec(Spec):
@@ -259,7 +311,8 @@ class SuiteSpec(Spec):
 
         The `description` is prose about the suite, not part of what is measured: rewording it
         does not make another suite (nor turn a run folder into another run's). Nor do the
-        per-method `methods` settings: a run's method config records those in force."""
+        per-method `methods` settings (a run's method config records those in force) or the
+        diagnostics (see :data:`MEASURED_EXCLUDES`)."""
         canonical = json.dumps(self.model_dump(mode="json", exclude=MEASURED_EXCLUDES),
                                sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

@@ -1,0 +1,112 @@
+"""What the diagnostics after each stage cost on a suite's model, against a run's wall time.
+
+    python benchmarks/diagnostics_cost.py --suite starter --run-dir runs/starter/sdpo/s0
+
+Loads the suite's model as a run does, writes its base weights (once per run), then for each of
+`--stages` stages moves every weight a little (as a stage of training would) and measures the
+parameter drift against the base and the previous stage exactly as a run does
+(`clbench.run.diagnostics.WeightDrift`, the previous stage's weights read from a checkpoint
+file). With `--run-dir` (a finished run of the suite) it also times the artifact and collapse
+reports of each of its rows from the run's item records. Prints seconds per part and the total
+for a run of `--stages` stages, and (`--compare-exact`) the drift after the last stage computed
+with exact SVDs against the randomised subspaces a run uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from common import add_machine_options, suite_model
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--suite", default="starter")
+    ap.add_argument("--stages", type=int, default=3)
+    ap.add_argument("--run-dir", type=Path, default=None,
+                    help="a finished run of the suite, for the artifact reports of its rows")
+    ap.add_argument("--compare-exact", action="store_true",
+                    help="also compute the last stage's drift with exact SVDs and compare")
+    add_machine_options(ap)
+    args = ap.parse_args()
+
+    import torch
+    from safetensors.torch import save_model
+
+    from clbench.run.diagnostics import WeightDrift, keep_base_weights, row_artifacts, row_collapse
+    from clbench.run.rundir import STUDENT_WEIGHTS
+
+    suite, _, model, _ = suite_model(args)
+    spec = suite.protocol.diagnostics
+    parts: list[tuple[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(tmp)
+        started = time.perf_counter()
+        keep_base_weights(run_dir, model)
+        parts.append(("base weights written (once per run)", time.perf_counter() - started))
+        drift = WeightDrift(run_dir, spec.weight_drift)
+        generator = torch.Generator().manual_seed(0)
+        for stage in range(1, args.stages + 1):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1e-4 * torch.randn(p.shape, generator=generator).to(p))
+            started = time.perf_counter()
+            summary = drift.after_stage(stage, model)
+            parts.append((f"weight drift after stage {stage}", time.perf_counter() - started))
+            print(f"stage {stage}: NSS vs base {summary['vs_base']['all']['nss']:.3g}, "
+                  f"max angle {summary['vs_base']['all']['max_principal_angle']:.3g} deg",
+                  flush=True)
+            folder = run_dir / "checkpoints" / f"stage{stage}"
+            folder.mkdir(parents=True, exist_ok=True)
+            save_model(model, str(folder / STUDENT_WEIGHTS))
+        if args.compare_exact:
+            compare_exact(run_dir, model, drift.settings, summary["vs_base"])
+    if args.run_dir is not None:
+        from clbench.results import read_results
+        from clbench.run.rows import plan_columns
+        from clbench.spec.schema import RunSpec
+
+        result = read_results(args.run_dir / "results.json")
+        run = RunSpec(suite=suite, method={"name": result.method.name}, model=suite.model,
+                      out_dir=str(args.run_dir))
+        plans, _ = plan_columns(run)
+        for row in range(1, len(result.matrix)):
+            started = time.perf_counter()
+            found = row_artifacts(args.run_dir, row, plans, spec.artifacts)
+            row_collapse(result.columns, result.matrix[row], found, spec.collapse)
+            parts.append((f"artifacts and collapse of row {row}", time.perf_counter() - started))
+    print("\n| part | seconds |\n|---|---:|")
+    for name, seconds in parts:
+        print(f"| {name} | {seconds:.1f} |")
+    print(f"| **all diagnostics of a {args.stages}-stage run** | "
+          f"**{sum(s for _, s in parts):.1f}** |")
+
+
+def compare_exact(run_dir: Path, model: object, settings: object, randomised: dict) -> None:
+    """The last stage's drift against the base with exact SVDs, beside the run's."""
+    import dataclasses
+    import time
+
+    from safetensors.torch import load_file
+
+    from clbench.metrics.drift import model_drift, weight_matrices
+    from clbench.run.diagnostics import base_weights_path
+
+    base = load_file(str(base_weights_path(run_dir)))
+    current = weight_matrices(model.named_parameters())  # type: ignore[attr-defined]
+    started = time.perf_counter()
+    exact = model_drift(base, {n: w.detach().cpu() for n, w in current.items()},
+                        dataclasses.replace(settings, exact_limit=10**9))  # type: ignore[arg-type]
+    seconds = time.perf_counter() - started
+    print(f"\nexact SVDs: {seconds:.1f} s\n\n| kind | quantity | exact | randomised |\n"
+          "|---|---|---:|---:|")
+    for kind, values in exact.items():
+        for key in ("nss", "max_principal_angle", "mask_overlap"):
+            print(f"| {kind} | {key} | {values[key]:.6g} | {randomised[kind][key]:.6g} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,168 @@
+"""Diagnostics after every stage of a run: parameter drift, artifacts in the completions, collapse.
+
+**Parameter drift** compares the student's 2-D weights after stage t with the base model's and
+with those after stage t-1 (:mod:`clbench.metrics.drift`). The base weights are the run's own:
+written once, before anything trains, to `checkpoints/base-weights.safetensors` and read tensor
+by tensor when compared (disk, not memory); the previous stage's come from its checkpoint, which
+is still on disk when stage t has trained (it is pruned once stage t's checkpoint is kept). The
+result goes into the stage's report before the report is kept, so a run resumed after the stage
+was kept still has it.
+
+**Artifacts** compare each task column's completions in row t with row 0's, item records read
+from the run folder (:mod:`clbench.metrics.artifacts`); **collapse** is judged on the row's
+stream scores and those reports. With `collapse.stop` a collapsed run ends after that row with
+status `collapsed`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from clbench.eval.column import read_records, records_path
+from clbench.metrics.artifacts import artifact_report, collapse_evidence
+from clbench.metrics.drift import (
+    DriftSettings,
+    Profile,
+    drift_between,
+    profile,
+    summarise,
+    weight_matrices,
+)
+from clbench.run.rundir import STUDENT_WEIGHTS
+
+if TYPE_CHECKING:
+    import torch
+
+    from clbench.results import Cell, Column
+    from clbench.run.rows import ColumnPlan
+    from clbench.spec.schema import ArtifactSpec, CollapseSpec, WeightDriftSpec
+
+log = logging.getLogger("clbench.run.diagnostics")
+
+#: The base model's 2-D weights, as the run started (float32).
+BASE_WEIGHTS = "base-weights.safetensors"
+
+
+def base_weights_path(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / BASE_WEIGHTS
+
+
+def _matrices(model: Any) -> dict[str, torch.Tensor]:
+    from clbench.train.distributed import unwrap
+
+    return weight_matrices(unwrap(model).named_parameters())
+
+
+def _aliases(model: Any) -> dict[str, list[str]]:
+    """Every name of each parameter (tied weights have several; a checkpoint keeps one)."""
+    from clbench.train.distributed import unwrap
+
+    names: dict[int, list[str]] = {}
+    for name, p in unwrap(model).named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return {name: group for group in names.values() for name in group}
+
+
+def keep_base_weights(run_dir: Path, model: Any) -> None:
+    """Write the base weights once (a resumed run keeps the file it wrote first)."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = base_weights_path(run_dir)
+    if path.is_file():
+        return
+    tensors = {name: w.detach().to("cpu", torch.float32).contiguous()
+               for name, w in _matrices(model).items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{BASE_WEIGHTS}.partial")  # a kill leaves no half file
+    save_file(tensors, str(partial))
+    partial.replace(path)
+
+
+class WeightDrift:
+    """Drift of the student after each stage against the base and the previous stage; the
+    profiles (SVDs) of each side are computed once per process and reused."""
+
+    def __init__(self, run_dir: Path, spec: WeightDriftSpec) -> None:
+        self.run_dir = run_dir
+        self.settings = DriftSettings(k=spec.k, rtol=spec.rtol, mask_fraction=spec.mask_fraction)
+        self.profiles: dict[str, dict[str, Profile]] = {}  # weights file -> name -> profile
+        self.seconds = 0.0  # of the last measurement
+
+    def _compare(self, path: Path, current: dict[str, torch.Tensor], now: dict[str, Profile],
+                 aliases: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+        from safetensors import safe_open
+
+        known = self.profiles.setdefault(str(path), {})
+        drifts = {}
+        with safe_open(str(path), framework="pt") as before:
+            names = set(before.keys())
+            for name, w in current.items():
+                stored = next((a for a in aliases.get(name, [name]) if a in names), None)
+                if stored is None:
+                    continue
+                w0 = before.get_tensor(stored)
+                if w0.shape != w.shape:
+                    continue
+                if name not in known:
+                    known[name] = profile(w0, self.settings)
+                drifts[name] = drift_between(w0, known[name], w, now[name], self.settings)
+        return summarise(drifts)
+
+    def after_stage(self, stage: int, model: Any) -> dict[str, Any]:
+        """`{"vs_base": ..., "vs_previous": ...}`, each per layer kind and `all`."""
+        import time
+
+        started = time.perf_counter()
+        current = {name: w.detach().to("cpu") for name, w in _matrices(model).items()}
+        aliases = _aliases(model)
+        now = {name: profile(w, self.settings) for name, w in current.items()}
+        base = base_weights_path(self.run_dir)
+        previous = (self.run_dir / "checkpoints" / f"stage{stage - 1}" / STUDENT_WEIGHTS
+                    if stage > 1 else base)
+        out: dict[str, Any] = {}
+        if base.is_file():  # absent for a run begun before clbench measured drift
+            out["vs_base"] = self._compare(base, current, now, aliases)
+        if previous.is_file():
+            out["vs_previous"] = self._compare(previous, current, now, aliases)
+        # the stage's checkpoint, about to be written, holds these very weights: its profiles
+        # are the previous stage's at the next stage
+        self.profiles = {str(base): self.profiles.get(str(base), {}),
+                         str(self.run_dir / "checkpoints" / f"stage{stage}" / STUDENT_WEIGHTS): now}
+        out["settings"] = {"k": self.settings.k, "rtol": self.settings.rtol,
+                           "mask_fraction": self.settings.mask_fraction,
+                           "mask": "Jaccard overlap of the top mask_fraction entries of the "
+                                   "rank-k reconstructions"}
+        self.seconds = time.perf_counter() - started  # the stage's wall time gets it
+        return out
+
+
+def row_artifacts(run_dir: Path, row: int, plans: Sequence[ColumnPlan], spec: ArtifactSpec
+                  ) -> dict[str, dict[str, object]]:
+    """Each task column's :func:`~clbench.metrics.artifacts.artifact_report` of `row` against
+    row 0 (columns whose records are missing are left out)."""
+    out = {}
+    for plan in plans:
+        if plan.task is None:  # an lm-eval probe: log-likelihoods, no completions of ours
+            continue
+        try:
+            now = read_records(records_path(run_dir, row, plan.name))
+            base = read_records(records_path(run_dir, 0, plan.name))
+        except (OSError, ValueError):
+            continue
+        out[plan.name] = artifact_report([r.completion for r in now],
+                                         [r.completion for r in base], n=spec.n, top=spec.top,
+                                         growth=spec.growth, repeat_limit=spec.repeat_limit)
+    return out
+
+
+def row_collapse(columns: Sequence[Column], row: Sequence[Cell | None],
+                 artifacts: dict[str, dict[str, object]], spec: CollapseSpec) -> list[str]:
+    """Why the row counts as collapsed (empty: it does not)."""
+    stream = [None if cell is None else cell.score
+              for column, cell in zip(columns, row) if column.kind == "stream"]
+    return collapse_evidence(stream, list(artifacts.values()), score_floor=spec.score_floor,
+                             degenerate_share=spec.degenerate_share)
