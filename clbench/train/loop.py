@@ -30,6 +30,7 @@ any process takes no forward or backward (the schedule still advances).
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +87,7 @@ class StepBatch:
         return count * self.world / max(self.total_tokens, 1)
 
 
-class StepHooks:
+class StepHooks(ABC):
     """What a method plugs into :class:`TrainingLoop`; see the module docstring. `build_batch`,
     `supervised_tokens`, `micro_batches` and `loss` are required, the rest optional."""
 
@@ -100,21 +101,22 @@ class StepHooks:
     def on_stage_start(self, loop: TrainingLoop) -> None:
         """Once before the first step (e.g. copy a reference or teacher model)."""
 
+    @abstractmethod
     def build_batch(self, loop: TrainingLoop, step: int) -> tuple[StepBatch, dict[str, float]]:
         """The batch optimizer step `step` (0-based) trains on, and statistics for the records
         of the steps that use it. Count what it spends in `loop.counters`, time it in
         `loop.clock`."""
-        raise NotImplementedError
 
+    @abstractmethod
     def supervised_tokens(self, batch: StepBatch) -> int:
         """This process's tokens of `batch` that receive a learning signal (the count the
         loss is a token mean over); counted as `trained_tokens` at every update."""
-        raise NotImplementedError
 
+    @abstractmethod
     def micro_batches(self, batch: StepBatch) -> list[Any]:
         """The parts of `batch` each forward and backward pass takes."""
-        raise NotImplementedError
 
+    @abstractmethod
     def loss(self, loop: TrainingLoop, batch: StepBatch, part: Any
              ) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of one micro-batch (this process's term of the step's loss: use
@@ -123,7 +125,6 @@ class StepHooks:
         one forward through it per call (their backwards meet in one all-reduce): a part with
         nothing to learn returns a loss without a graph, and the loop runs
         :meth:`zero_weighted_forward` for it."""
-        raise NotImplementedError
 
     def zero_weighted_forward(self, loop: TrainingLoop, batch: StepBatch, part: Any
                               ) -> torch.Tensor:
