@@ -126,7 +126,9 @@ class WeightDrift:
         out: dict[str, Any] = {}
         if base.is_file():  # absent for a run begun before clbench measured drift
             out["vs_base"] = self._compare(base, current, now, aliases)
-        if previous.is_file():
+        if previous == base and "vs_base" in out:  # stage 1: the previous weights are the base
+            out["vs_previous"] = out["vs_base"]
+        elif previous.is_file():
             out["vs_previous"] = self._compare(previous, current, now, aliases)
         # the stage's checkpoint, about to be written, holds these very weights: its profiles
         # are the previous stage's at the next stage
