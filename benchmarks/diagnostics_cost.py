@@ -6,10 +6,12 @@ Loads the suite's model as a run does, writes its base weights (once per run), t
 `--stages` stages moves every weight a little (as a stage of training would) and measures the
 parameter drift against the base and the previous stage exactly as a run does
 (`clbench.run.diagnostics.WeightDrift`, the previous stage's weights read from a checkpoint
-file). With `--run-dir` (a finished run of the suite) it also times the artifact and collapse
-reports of each of its rows from the run's item records. Prints seconds per part and the total
-for a run of `--stages` stages, and (`--compare-exact`) the drift after the last stage computed
-with exact SVDs against the randomised subspaces a run uses.
+file). With `--run-dir` (a finished run of the suite) it also times, for each of its rows, the
+artifact and collapse reports and the response drift (the moved model against the base weights,
+on the run's item records, under the run's precision), and for each stage the distance of its
+training prompts to every column's (the sentence model loaded on first use, as in a run).
+Prints seconds per part and the total for a run of `--stages` stages, and (`--compare-exact`)
+the drift after the last stage computed with exact SVDs against the decompositions a run uses.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ def main() -> None:
     import torch
     from safetensors.torch import save_model
 
-    from clbench.run.diagnostics import WeightDrift, keep_base_weights, row_artifacts, row_collapse
+    from clbench.run.diagnostics import WeightDrift, base_weights_path, keep_base_weights
     from clbench.run.rundir import STUDENT_WEIGHTS
 
-    suite, _, model, _ = suite_model(args)
+    suite, dist, model, tokenizer = suite_model(args)
     spec = suite.protocol.diagnostics
     parts: list[tuple[str, float]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,25 +66,54 @@ def main() -> None:
             save_model(model, str(folder / STUDENT_WEIGHTS))
         if args.compare_exact:
             compare_exact(run_dir, model, drift.settings, summary["vs_base"])
-    if args.run_dir is not None:
-        from clbench.results import read_results
-        from clbench.run.rows import plan_columns
-        from clbench.spec.schema import RunSpec
-
-        result = read_results(args.run_dir / "results.json")
-        run = RunSpec(suite=suite, method={"name": result.method.name}, model=suite.model,
-                      out_dir=str(args.run_dir))
-        plans, _ = plan_columns(run)
-        for row in range(1, len(result.matrix)):
-            started = time.perf_counter()
-            found = row_artifacts(args.run_dir, row, plans, spec.artifacts)
-            row_collapse(result.columns, result.matrix[row], found, spec.collapse)
-            parts.append((f"artifacts and collapse of row {row}", time.perf_counter() - started))
+        if args.run_dir is not None:
+            parts += row_parts(args.run_dir, base_weights_path(run_dir), suite, dist, model,
+                               tokenizer)
     print("\n| part | seconds |\n|---|---:|")
     for name, seconds in parts:
         print(f"| {name} | {seconds:.1f} |")
     print(f"| **all diagnostics of a {args.stages}-stage run** | "
           f"**{sum(s for _, s in parts):.1f}** |")
+
+
+def row_parts(run_dir: Path, weights: Path, suite: object, dist: object, model: object,
+              tokenizer: object) -> list[tuple[str, float]]:
+    """Seconds of each row's artifacts, collapse and response drift, and of each stage's
+    distance, measured as a run measures them on `run_dir`'s records."""
+    from types import SimpleNamespace
+
+    from clbench.results import read_results
+    from clbench.run.diagnostics import row_artifacts, row_collapse
+    from clbench.run.distance import PromptDistance
+    from clbench.run.response_drift import response_drift
+    from clbench.run.rows import plan_columns
+    from clbench.spec.schema import RunSpec
+
+    spec = suite.protocol.diagnostics  # type: ignore[attr-defined]
+    result = read_results(run_dir / "results.json")
+    run = RunSpec(suite=suite, method={"name": result.method.name},
+                  model=suite.model, out_dir=str(run_dir))  # type: ignore[attr-defined]
+    plans, stage_tasks = plan_columns(run)
+    ctx = SimpleNamespace(run_dir=run_dir, model=model, tokenizer=tokenizer, plans=plans)
+    distance = PromptDistance(plans, spec.distance)
+    parts = []
+    for row in range(1, len(result.matrix)):
+        started = time.perf_counter()
+        found = row_artifacts(run_dir, row, plans, spec.artifacts)
+        row_collapse(result.columns, result.matrix[row], found, spec.collapse)
+        parts.append((f"artifacts and collapse of row {row}", time.perf_counter() - started))
+        started = time.perf_counter()
+        with dist.autocast():  # type: ignore[attr-defined]
+            drift = response_drift(ctx, row, weights, spec.response_drift)
+        prompts = sum(c["prompts"] for c in drift["columns"].values())
+        parts.append((f"response drift of row {row} ({prompts} prompts, KL "
+                      f"{drift.get('kl', float('nan')):.3g})", time.perf_counter() - started))
+        stage = suite.stages[row - 1]  # type: ignore[attr-defined]
+        train = stage_tasks[row - 1].examples("train", stage.task.seed, stage.task.train_size)
+        started = time.perf_counter()
+        distance.after_stage(row, train, result)
+        parts.append((f"distance of stage {row}", time.perf_counter() - started))
+    return parts
 
 
 def compare_exact(run_dir: Path, model: object, settings: object, randomised: dict) -> None:

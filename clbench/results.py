@@ -136,7 +136,9 @@ class StageRecord(Record):
     extra: dict[str, Any] = Field(default_factory=dict)
     diagnostics: dict[str, Any] = Field(default_factory=dict, description="Measured after the "
                                         "stage: `weight_drift` (vs_base, vs_previous), "
-                                        "`artifacts` (per task column), `collapse` (reasons).")
+                                        "`response_drift`, `artifacts` (per task column), "
+                                        "`rollouts` (entropy, never-ended share), `distance` "
+                                        "(per task column), `collapse` (reasons).")
 
 
 class MethodInfo(Record):

@@ -148,3 +148,20 @@ def _token_pairs_of(rows: list[list[int]]) -> list[list[int]]:
 
 def _lengths_of(rows: list[list[int]], ends: list[int]) -> list[int]:
     return [next((k + 1 for k, t in enumerate(r) if t in ends), len(r)) for r in rows]
+
+
+def test_the_samplers_entropy_follows_temperature_and_nucleus_by_hand():
+    import math
+
+    from clbench.train.decoding import sampler_entropy
+
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.25]]))
+    assert float(sampler_entropy(logits, Sampling(1.0))) == pytest.approx(1.5 * math.log(2))
+    # the nucleus of 0.5 is the first token alone; of 0.6 the first two, renormalised to 2/3, 1/3
+    assert float(sampler_entropy(logits, Sampling(1.0, top_p=0.5))) == pytest.approx(0.0)
+    two = -(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3))
+    assert float(sampler_entropy(logits, Sampling(1.0, top_p=0.6))) == pytest.approx(two)
+    # temperature 0.5 squares the probabilities (renormalised): 4/6, 1/6, 1/6
+    sharp = -(4 / 6 * math.log(4 / 6) + 2 * (1 / 6) * math.log(1 / 6))
+    assert float(sampler_entropy(logits, Sampling(0.5))) == pytest.approx(sharp, rel=1e-6)
+    assert float(sampler_entropy(logits, Sampling(0.0))) == 0.0

@@ -1,6 +1,7 @@
 """Diagnostics in a run: every stage records drift (against the base and the previous stage),
-artifacts and collapse; a run whose method destroys the model stops as `collapsed` when the
-suite says so; diagnostics settings do not change a suite's identity."""
+response drift, artifacts, prompt distances and collapse; a run whose method destroys the model
+stops as `collapsed` when the suite says so; diagnostics settings do not change a suite's
+identity."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from fakes import SUITE, run_cli, write_suite
 
 from clbench.cli import cli
+from clbench.eval.column import read_records, records_path
 from clbench.metrics.drift import DriftSettings, model_drift
 from clbench.results import read_results
 from clbench.spec.schema import SuiteSpec
@@ -51,10 +53,29 @@ def test_every_stage_records_drift_artifacts_and_collapse(tmp_path: Path) -> Non
     by_hand = model_drift(base, final, DriftSettings(k=16))
     assert second["weight_drift"]["vs_base"]["all"]["nss"] == pytest.approx(by_hand["all"]["nss"])
     assert set(second["artifacts"]) == {"low", "high", "all"}
+    # evaluation records say which responses hit the token cap
+    records = read_records(records_path(out, 2, "low"))
+    assert all(r.tokens is not None and r.finished is not None for r in records)
+    assert second["artifacts"]["low"]["never_ended_share"] == \
+        sum(not r.finished for r in records) / len(records)
     assert second["collapse"] == []
+    # response drift: the trained model's answers moved from the base model's
+    drift = second["response_drift"]
+    assert drift["kl"] > 0 and first["response_drift"]["kl"] > 0
+    assert 0 <= drift["edit_similarity"] < 1
+    assert set(drift["columns"]) == {"low", "high", "all"}
+    # distance of each stage's training prompts to each column's, beside the column's change
+    distance = second["distance"]["columns"]
+    assert set(distance) == {"low", "high", "all"}
+    matrix = result.score_matrix()
+    assert distance["high"]["change"] == pytest.approx(matrix[2][1] - matrix[1][1])
+    assert distance["high"]["mmd"] < distance["low"]["mmd"]  # stage 2 trains on high's items
+    assert {"response_drift", "distance"} <= set(result.stages[1].wall_time)
     # the report shows them, and its JSON carries them
     shown = CliRunner(env={"COLUMNS": "240"}).invoke(cli, ["report", str(out)])
     assert "diagnostics after each stage" in shown.output
+    assert "responses after each stage" in shown.output
+    assert "transfer against distance" in shown.output
     data = json.loads(CliRunner().invoke(cli, ["report", str(out), "--json"]).output)
     assert [d["stage"] for d in data["runs"][0]["diagnostics"]] == [1, 2]
 
@@ -93,3 +114,14 @@ def test_diagnostics_settings_leave_the_suite_identity_alone(tmp_path: Path) -> 
     data["protocol"]["diagnostics"] = ["weight_drift"]
     with pytest.raises(ValueError, match="diagnostics is a mapping"):
         SuiteSpec.model_validate(data)
+
+
+def test_rollout_diagnostics_take_the_first_and_last_step() -> None:
+    from clbench.run.diagnostics import rollout_diagnostics
+
+    steps = [{"rollout_entropy": 1.5, "finished_rate": 0.25}, {"loss": 0.1},
+             {"rollout_entropy": 0.5, "finished_rate": 1.0}]
+    assert rollout_diagnostics(steps) == {"entropy_first": 1.5, "entropy_last": 0.5,
+                                          "never_ended_share_first": 0.75,
+                                          "never_ended_share_last": 0.0}
+    assert rollout_diagnostics([{"loss": 0.1}]) == {}  # SFT records neither

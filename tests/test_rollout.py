@@ -265,3 +265,27 @@ def test_a_checkpoints_generation_settings_never_reach_the_sampler(model_and_tok
         PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=4))
     assert [r.completion_ids for r in again] == [r.completion_ids for r in sampled]
     assert model.generation_config.repetition_penalty == 50.0  # given back afterwards
+
+
+def test_each_rollout_carries_the_samplers_entropy_per_generated_token(model_and_tokenizer):
+    import torch
+
+    from clbench.train.logprobs import completion_distributions
+    from clbench.train.onpolicy import rollout_entropy
+
+    model, tok = model_and_tokenizer
+    params = SamplingParams(n=2, temperature=0.7, max_new_tokens=6, seed=3)
+    rollouts = HFGenerator(model, tok, batch_size=4).generate(PROMPTS, params)
+    scored = completion_distributions(model, [r.prompt_ids for r in rollouts],
+                                      [r.completion_ids for r in rollouts], temperature=0.7)
+    logp = scored.logprobs.double()
+    per_token = -(logp.exp() * logp).sum(-1)  # [B, T]
+    for i, r in enumerate(rollouts):
+        expected = float(per_token[i, :r.num_tokens].mean())
+        assert r.metadata["entropy"] == pytest.approx(expected, rel=1e-4)
+    tokens = sum(r.num_tokens for r in rollouts)
+    assert rollout_entropy(rollouts)["rollout_entropy"] == pytest.approx(
+        sum(r.metadata["entropy"] * r.num_tokens for r in rollouts) / tokens)
+    assert torch.isfinite(torch.tensor([r.metadata["entropy"] for r in rollouts])).all()
+    greedy_rollouts = HFGenerator(model, tok).generate(PROMPTS, greedy(4))
+    assert rollout_entropy(greedy_rollouts) == {"rollout_entropy": 0.0}

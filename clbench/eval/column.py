@@ -26,8 +26,20 @@ if TYPE_CHECKING:
     from clbench.progress import AnyProgress
     from clbench.spec.schema import DecodingSpec
 
-#: Generates one completion per chat prompt, in order. Built by :func:`make_generate_fn`.
-GenerateFn = Callable[[Sequence[Messages]], list[str]]
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A generated completion and what its text alone does not say."""
+
+    text: str
+    tokens: int      # generated tokens kept (up to and including the end token)
+    finished: bool   # ended (end token or stop string) before the token cap
+
+
+#: Generates one completion per chat prompt, in order: its text, or a :class:`Completion`
+#: (what :func:`make_generate_fn` gives, so records say which responses never ended).
+GenerateFn = Callable[[Sequence[Messages]], Sequence["str | Completion"]]
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,8 @@ class ItemRecord:
     reward: float
     correct: bool
     feedback: str | None = None
+    tokens: int | None = None      # completion tokens (None: not known, e.g. lm-eval)
+    finished: bool | None = None   # ended before the token cap (None: not known)
 
 
 @dataclass
@@ -85,9 +99,13 @@ def evaluate_column(column: str, task: TaskSource, examples: Sequence[Example],
                                f"{len(batch)} prompts")
         for i, completion in zip(batch, completions):
             ex = examples[i]
-            grade = task.grade(ex, completion)
-            graded[i] = ItemRecord(ex.id, completion, float(grade.reward), bool(grade.correct),
-                                   grade.feedback)
+            done = completion if isinstance(completion, Completion) else None
+            text = done.text if done is not None else str(completion)
+            grade = task.grade(ex, text)
+            graded[i] = ItemRecord(ex.id, text, float(grade.reward), bool(grade.correct),
+                                   grade.feedback,
+                                   tokens=None if done is None else done.tokens,
+                                   finished=None if done is None else done.finished)
         if bar is not None:
             assert progress is not None
             progress.advance(bar, len(batch))
@@ -134,9 +152,10 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
     params = SamplingParams.from_decoding(decoding, seed=seed)
     calls = itertools.count()
 
-    def generate(prompts: Sequence[Messages]) -> list[str]:
+    def generate(prompts: Sequence[Messages]) -> list[Completion]:
         call = dataclasses.replace(params, seed=derive_seed(seed, next(calls)))
-        return [r.text for r in generator.generate(list(prompts), call)]
+        return [Completion(r.text, r.num_tokens, r.finished)
+                for r in generator.generate(list(prompts), call)]
 
     return generate
 

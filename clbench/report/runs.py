@@ -31,6 +31,7 @@ from clbench.report.comparison import (
     print_comparison,
     settings_line,
 )
+from clbench.report.diagnostics import diagnostic_tables
 from clbench.report.intransigence import add_intransigence
 from clbench.report.tables import print_uncut
 from clbench.results import RESULTS_FILENAME, RunResult, peak_memory_kind, read_results
@@ -96,15 +97,7 @@ def print_summary(console: Console, result: RunResult) -> None:
     console.print(f"[dim]method settings: {escape(settings_line(result))}[/]", soft_wrap=True)
     console.print(f"[dim]{compute_heading(result)}: {escape(compute_summary(result))}[/]",
                   soft_wrap=True)
-    rows = diagnostic_rows(result)
-    if rows:
-        table = Table(title="diagnostics after each stage (drift of all 2-D weights; patterns "
-                      "amplified in the completions)")
-        for col in DIAGNOSTIC_HEADERS:
-            table.add_column(col, justify="left" if col in ("stage", "amplified", "collapse")
-                             else "right")
-        for row in rows:
-            table.add_row(*(escape(cell) for cell in row))
+    for table in diagnostic_tables(result):
         print_uncut(console, table)
     if not result.metrics:
         return
@@ -114,34 +107,6 @@ def print_summary(console: Console, result: RunResult) -> None:
     for row in metric_rows(result):
         table.add_row(*row)
     print_uncut(console, table)
-
-
-DIAGNOSTIC_HEADERS = ("stage", "NSS vs base", "max angle vs base", "changed vs base",
-                      "mask overlap vs base", "NSS vs previous", "amplified", "collapse")
-
-
-def diagnostic_rows(result: RunResult) -> list[list[str]]:
-    """One row per stage that has diagnostics: drift against the base and the previous stage
-    (all 2-D weights), the patterns amplified per column, and why the row collapsed."""
-    def drift(record: dict[str, Any], side: str, key: str, digits: int = 3) -> str:
-        value = record.get("weight_drift", {}).get(side, {}).get("all", {}).get(key)
-        return "—" if value is None else f"{value:.{digits}g}"
-
-    rows = []
-    for stage in result.stages:
-        d = stage.diagnostics
-        if not d:
-            continue
-        amplified = [f"{column}: {' / '.join(report.get('amplified', []))}"
-                     for column, report in d.get("artifacts", {}).items()
-                     if report.get("amplified")]
-        angle = drift(d, "vs_base", "max_principal_angle")
-        rows.append([f"{stage.index} {stage.name}", drift(d, "vs_base", "nss"),
-                     angle if angle == "—" else f"{angle}°",
-                     drift(d, "vs_base", "changed_fraction"),
-                     drift(d, "vs_base", "mask_overlap"), drift(d, "vs_previous", "nss"),
-                     "; ".join(amplified) or "none", "; ".join(d.get("collapse", [])) or "no"])
-    return rows
 
 
 def metric_rows(result: RunResult) -> list[list[str]]:

@@ -1,4 +1,5 @@
-"""Diagnostics after every stage of a run: parameter drift, artifacts in the completions, collapse.
+"""Diagnostics after every stage of a run: parameter and response drift, artifacts in the
+completions and rollouts, collapse, and the distance of the stage's prompts from each column's.
 
 **Parameter drift** compares the student's 2-D weights after stage t with the base model's and
 with those after stage t-1 (:mod:`clbench.metrics.drift`). The base weights are the run's own:
@@ -11,7 +12,10 @@ was kept still has it.
 **Artifacts** compare each task column's completions in row t with row 0's, item records read
 from the run folder (:mod:`clbench.metrics.artifacts`); **collapse** is judged on the row's
 stream scores and those reports. With `collapse.stop` a collapsed run ends after that row with
-status `collapsed`.
+status `collapsed`. **Rollouts** (on-policy methods): the sampler's token entropy and the share
+of rollouts that hit the token cap, first and last step of the stage, from its step records.
+**Response drift** (:mod:`clbench.run.response_drift`) and **distance**
+(:mod:`clbench.run.distance`) have their own modules.
 """
 
 from __future__ import annotations
@@ -31,23 +35,33 @@ from clbench.metrics.drift import (
     summarise,
     weight_matrices,
 )
+from clbench.run.distance import PromptDistance
+from clbench.run.response_drift import response_drift
 from clbench.run.rundir import STUDENT_WEIGHTS
 
 if TYPE_CHECKING:
     import torch
 
-    from clbench.results import Cell, Column
+    from clbench.results import Cell, Column, RunResult
+    from clbench.run.context import RunContext
     from clbench.run.rows import ColumnPlan
     from clbench.spec.schema import ArtifactSpec, CollapseSpec, WeightDriftSpec
+    from clbench.tasks.base import Example
 
 log = logging.getLogger("clbench.run.diagnostics")
 
-#: The base model's 2-D weights, as the run started (float32).
+#: The base model's parameters, as the run started (float32).
 BASE_WEIGHTS = "base-weights.safetensors"
 
 
 def base_weights_path(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / BASE_WEIGHTS
+
+
+def _parameters(model: Any) -> dict[str, torch.Tensor]:
+    from clbench.train.distributed import unwrap
+
+    return dict(unwrap(model).named_parameters())  # tied weights once
 
 
 def _matrices(model: Any) -> dict[str, torch.Tensor]:
@@ -75,7 +89,7 @@ def keep_base_weights(run_dir: Path, model: Any) -> None:
     if path.is_file():
         return
     tensors = {name: w.detach().to("cpu", torch.float32).contiguous()
-               for name, w in _matrices(model).items()}
+               for name, w in _parameters(model).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{BASE_WEIGHTS}.partial")  # a kill leaves no half file
     save_file(tensors, str(partial))
@@ -155,9 +169,11 @@ def row_artifacts(run_dir: Path, row: int, plans: Sequence[ColumnPlan], spec: Ar
             base = read_records(records_path(run_dir, 0, plan.name))
         except (OSError, ValueError):
             continue
+        ended = [r.finished for r in now]
         out[plan.name] = artifact_report([r.completion for r in now],
                                          [r.completion for r in base], n=spec.n, top=spec.top,
-                                         growth=spec.growth, repeat_limit=spec.repeat_limit)
+                                         growth=spec.growth, repeat_limit=spec.repeat_limit,
+                                         ended=None if None in ended else ended)
     return out
 
 
@@ -168,3 +184,53 @@ def row_collapse(columns: Sequence[Column], row: Sequence[Cell | None],
               for column, cell in zip(columns, row) if column.kind == "stream"]
     return collapse_evidence(stream, list(artifacts.values()), score_floor=spec.score_floor,
                              degenerate_share=spec.degenerate_share)
+
+
+def rollout_diagnostics(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The sampler's token entropy and the share of rollouts that never ended (hit the token
+    cap), at the stage's first and last step, from the step records of an on-policy method
+    (empty for a method that records neither)."""
+    out: dict[str, float] = {}
+    for key, name in (("rollout_entropy", "entropy"), ("finished_rate", "never_ended_share")):
+        values = [float(s[key]) for s in steps if isinstance(s.get(key), (int, float))]
+        if values:
+            first, last = values[0], values[-1]
+            if key == "finished_rate":
+                first, last = 1 - first, 1 - last
+            out[f"{name}_first"], out[f"{name}_last"] = first, last
+    return out
+
+
+def row_diagnostics(ctx: RunContext, stage: int, result: RunResult, found: dict[str, Any],
+                    seconds: dict[str, float], train_examples: Sequence[Example] | None,
+                    distance: PromptDistance | None, steps: Sequence[dict[str, Any]]
+                    ) -> list[str]:
+    """Everything measured once the row after `stage` is evaluated (the last of
+    `result.matrix`), added to `found` (the seconds each took to `seconds`); the reasons the row
+    counts as collapsed (empty: it does not)."""
+    import time
+
+    spec = ctx.run.suite.protocol.diagnostics
+    rollouts = rollout_diagnostics(steps)
+    if rollouts:
+        found["rollouts"] = rollouts
+    artifacts = row_artifacts(ctx.run_dir, stage, ctx.plans, spec.artifacts) \
+        if spec.artifacts.enabled else {}
+    if artifacts:
+        found["artifacts"] = artifacts
+    if spec.response_drift.enabled:
+        started = time.perf_counter()
+        found["response_drift"] = response_drift(ctx, stage, base_weights_path(ctx.run_dir),
+                                                 spec.response_drift)
+        seconds["response_drift"] = time.perf_counter() - started
+    if distance is not None:
+        started = time.perf_counter()
+        measured = distance.after_stage(stage, train_examples, result)
+        if measured:
+            found["distance"] = measured
+        seconds["distance"] = time.perf_counter() - started
+    reasons = row_collapse(result.columns, result.matrix[stage], artifacts, spec.collapse)
+    found["collapse"] = reasons
+    if reasons:
+        log.warning("row %d looks collapsed: %s", stage, "; ".join(reasons))
+    return reasons

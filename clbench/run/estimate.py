@@ -148,8 +148,9 @@ def estimate_run(cal: Calibration, plans: Sequence[ColumnPlan],
                        stage_checkpoint_bytes=weights + method_state,
                        step_checkpoint_bytes=weights + method_state + progress,
                        not_estimated=tuple(p.name for p in plans if p.task is None),
-                       base_weights_bytes=weights if
-                       cal.run.suite.protocol.diagnostics.weight_drift.enabled else 0)
+                       base_weights_bytes=weights if (
+                           cal.run.suite.protocol.diagnostics.weight_drift.enabled
+                           or cal.run.suite.protocol.diagnostics.response_drift.enabled) else 0)
 
 
 def _column_cost(cal: Calibration, plan: ColumnPlan) -> ColumnCost:

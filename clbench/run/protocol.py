@@ -39,7 +39,6 @@ import logging
 import os
 import shlex
 import shutil
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -63,7 +62,8 @@ from clbench.results import (
 )
 from clbench.run.baserow import base_row, evaluation_stamp
 from clbench.run.context import RunContext
-from clbench.run.diagnostics import WeightDrift, keep_base_weights, row_artifacts, row_collapse
+from clbench.run.diagnostics import WeightDrift, keep_base_weights, row_diagnostics
+from clbench.run.distance import PromptDistance
 from clbench.run.joint import MixedTasks, mixed_train_set
 from clbench.run.rows import (
     ColumnPlan,
@@ -303,22 +303,6 @@ def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
     return _Items(plans, stage_tasks, train_sets)
 
 
-def row_diagnostics(run: RunSpec, run_dir: Path, stage: int, plans: Sequence[ColumnPlan],
-                    result: RunResult, found: dict[str, Any]) -> list[str]:
-    """Artifacts and collapse of the row just evaluated after `stage`, added to `found`; the
-    reasons the row counts as collapsed (empty: it does not)."""
-    spec = run.suite.protocol.diagnostics
-    artifacts = row_artifacts(run_dir, stage, plans, spec.artifacts) \
-        if spec.artifacts.enabled else {}
-    if artifacts:
-        found["artifacts"] = artifacts
-    reasons = row_collapse(result.columns, result.matrix[stage], artifacts, spec.collapse)
-    found["collapse"] = reasons
-    if reasons:
-        log.warning("row %d looks collapsed: %s", stage, "; ".join(reasons))
-    return reasons
-
-
 def _load_model(run: RunSpec, dist: Distributed) -> tuple[Any, Any]:
     """(model, tokenizer) on the run's device, initialised from the run seed (tiny models)."""
     seed_everything(derive_seed(run.seed, "init"))
@@ -361,7 +345,10 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     diagnostics = run.suite.protocol.diagnostics
     drift = WeightDrift(run_dir, diagnostics.weight_drift) \
         if diagnostics.weight_drift.enabled and main else None
-    if drift is not None and not any((run_dir / "checkpoints").glob("stage*")):
+    distance = PromptDistance(plans, diagnostics.distance) \
+        if diagnostics.distance.enabled and main else None
+    if main and (drift is not None or diagnostics.response_drift.enabled) and \
+            not any((run_dir / "checkpoints").glob("stage*")):
         keep_base_weights(run_dir, model)  # nothing trained yet: the model is the base model
     trained, resume = _restore(run, run_dir, result, model, method, console)
     result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
@@ -411,12 +398,14 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                     if "weight_drift" in extra else {}
                 result.matrix.append(to_cells(cells))
                 result.row_labels.append(f"after {spec.name}")
-                collapsed = dist.broadcast(row_diagnostics(run, run_dir, stage, plans, result,
-                                                           found) if main else None)
+                seconds: dict[str, float] = {}
+                collapsed = dist.broadcast(row_diagnostics(
+                    ctx, stage, result, found, seconds, items.train_sets[stage - 1], distance,
+                    report.steps) if main else None)
                 result.stages.append(StageRecord(
                     index=stage, name=spec.name, summary=report.summary(),
-                    counters=report.counters, wall_time=report.wall_time, extra=extra,
-                    diagnostics=found))
+                    counters=report.counters, wall_time={**report.wall_time, **seconds},
+                    extra=extra, diagnostics=found))
                 if collapsed and diagnostics.collapse.stop:
                     result.status = "collapsed"
                     result.error = f"collapsed after stage {stage} ({spec.name}): " + \

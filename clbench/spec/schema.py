@@ -169,6 +169,27 @@ class ArtifactSpec(Spec):
                               "pattern occurs in it this many times.")
 
 
+class ResponseDriftSpec(Spec):
+    """How far the answers to fixed probe prompts moved from the base model's
+    (:mod:`clbench.metrics.responses`)."""
+
+    enabled: bool = Field(default=True, description="Measure it after every stage.")
+    items_per_column: int = Field(default=4, ge=1, description="The probe prompts: the first "
+                                  "this many evaluation items of each task column; the "
+                                  "responses compared are the evaluation's own (greedy by "
+                                  "default) in row 0 and in the stage's row.")
+
+
+class DistanceSpec(Spec):
+    """Distance between each stage's training prompts and each column's evaluation prompts
+    (:mod:`clbench.metrics.distance`), recorded beside the column's change."""
+
+    enabled: bool = Field(default=True, description="Measure it for every stage.")
+    max_prompts: int = Field(default=256, ge=2, description="Prompts embedded per side at "
+                             "most (the first ones of the stage's training items and of the "
+                             "column's evaluation items).")
+
+
 class CollapseSpec(Spec):
     """When a row counts as collapsed, and what the run then does."""
 
@@ -190,6 +211,10 @@ class DiagnosticsSpec(Spec):
                                           description="Parameter drift.")
     artifacts: ArtifactSpec = Field(default_factory=ArtifactSpec, description="Artifacts in "
                                     "the evaluation completions.")
+    response_drift: ResponseDriftSpec = Field(default_factory=ResponseDriftSpec,
+                                              description="Response drift on probe prompts.")
+    distance: DistanceSpec = Field(default_factory=DistanceSpec, description="Training-to-"
+                                   "evaluation prompt distance (transfer against distance).")
     collapse: CollapseSpec = Field(default_factory=CollapseSpec, description="Collapse.")
 
 
@@ -236,8 +261,9 @@ class ProtocolSpec(Spec):
         if isinstance(diagnostics, list) and not diagnostics:
             return {}
         if isinstance(diagnostics, list):
-            raise ValueError("diagnostics is a mapping of weight_drift, artifacts and collapse "
-                             "settings, e.g. {weight_drift: {k: 8}}")
+            raise ValueError("diagnostics is a mapping of weight_drift, artifacts, "
+                             "response_drift, distance and collapse settings, e.g. "
+                             "{weight_drift: {k: 8}}")
         return diagnostics
 
 

@@ -64,12 +64,15 @@ class Sampling:
 
 
 def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: RowPlan,
-           sampling: Sampling, cache: Any) -> list[list[int]]:
+           sampling: Sampling, cache: Any, entropy: list[float] | None = None
+           ) -> list[list[int]]:
     """The generated ids of each row of a left-padded batch, each ending with the token that
     ended it (EOS, the last under its cap, or the one that completed a stop string).
 
     `cache`: an empty dynamic KV cache for `model` (:func:`attention_cache`). Random draws come
-    from torch's global generator (the caller seeds it)."""
+    from torch's global generator (the caller seeds it). `entropy`, when given (one zero per
+    row), gets each row's sum over its generated tokens of the entropy of the distribution the
+    token was drawn from (:func:`sampler_entropy`)."""
     import torch
 
     rows = input_ids.shape[0]
@@ -82,6 +85,9 @@ def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: R
         uniforms = None if sampling.greedy else torch.rand(rows, device=logits.device,
                                                            dtype=torch.float64)
         tokens = pick_tokens(logits, sampling, None if uniforms is None else uniforms[live])
+        if entropy is not None:
+            for row, h in zip(live, sampler_entropy(logits, sampling).tolist()):
+                entropy[row] += h
         going = []
         for j, (row, token) in enumerate(zip(live, tokens.tolist())):
             generated[row].append(token)
@@ -166,6 +172,25 @@ def pick_tokens(logits: torch.Tensor, sampling: Sampling,
     targets = (uniforms.to(cdf.dtype) * cdf[:, -1]).unsqueeze(-1)
     picked = torch.searchsorted(cdf, targets, right=True).clamp_(max=cdf.shape[-1] - 1)
     return picked.squeeze(-1) if order is None else order.gather(-1, picked).squeeze(-1)
+
+
+def sampler_entropy(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Per row, the entropy (nats) of the distribution :func:`pick_tokens` draws from: the
+    softmax at `temperature`, restricted to the nucleus and renormalised; 0 when greedy (one
+    token has all the mass)."""
+    import torch
+
+    if sampling.greedy:
+        return logits.new_zeros(logits.shape[0])
+    logp = torch.log_softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1:
+        logp, _ = logp.sort(dim=-1, descending=True)
+        probs = logp.exp()
+        outside = probs.cumsum(-1) - probs >= sampling.top_p
+        logp = logp.masked_fill(outside, float("-inf"))
+        logp = logp - torch.logsumexp(logp, dim=-1, keepdim=True)
+    probs = logp.exp()
+    return -(probs * logp.masked_fill(probs == 0, 0.0)).sum(-1)
 
 
 def attention_cache(model: Any, capacity: int | None = None) -> Any:

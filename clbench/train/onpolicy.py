@@ -34,6 +34,7 @@ becomes the step's token mean), counters summed. Objectives compute training for
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -339,7 +340,19 @@ def batch_summary(batch: RolloutBatch) -> dict[str, float]:
         "groups_with_signal": batch.groups_with_signal(),
         "completion_tokens_mean": sum(lengths) / len(lengths),
         "finished_rate": sum(r.finished for r in batch.rollouts) / batch.size,
+        **rollout_entropy(batch.rollouts),
     }
+
+
+def rollout_entropy(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """`{"rollout_entropy": H}`: the sampler's entropy per generated token (nats), averaged
+    over the batch's tokens; empty when the generator did not measure it."""
+    measured = [(r.metadata["entropy"], r.num_tokens) for r in rollouts
+                if "entropy" in r.metadata]
+    tokens = sum(n for _, n in measured)
+    if not measured or len(measured) < len(rollouts) or not tokens:
+        return {}
+    return {"rollout_entropy": sum(h * n for h, n in measured) / tokens}
 
 
 def _mix(seed: int, step: int, rank: int = 0) -> int:

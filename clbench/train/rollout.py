@@ -210,13 +210,17 @@ class HFGenerator(Generator):
         with torch.random.fork_rng(devices=self._rng_devices()):
             # One seed per batch, so a batch's samples do not depend on earlier batches.
             torch.manual_seed(_batch_seed(params.seed, batch_no))
+            entropy = [0.0] * len(chunk)
             generated = self._generate_batch(sequences, params, eos_ids, row_caps,
-                                             [p for p, _ in chunk])
+                                             [p for p, _ in chunk], entropy)
         out: list[Rollout] = []
-        for (p, s), ids, cap in zip(chunk, generated, row_caps):
+        for (p, s), ids, cap, h in zip(chunk, generated, row_caps, entropy):
             completion, text, finished = finish_completion(ids[:cap], self.tokenizer, eos_ids,
                                                            params.stop)
-            out.append(Rollout(p, s, list(prompt_ids[p]), completion, text, finished))
+            rollout = Rollout(p, s, list(prompt_ids[p]), completion, text, finished)
+            if ids and h == h:  # NaN: not measured
+                rollout.metadata["entropy"] = h / len(ids)
+            out.append(rollout)
         return out
 
     def _rng_devices(self) -> list:
@@ -224,12 +228,13 @@ class HFGenerator(Generator):
         return [device] if device.type == "cuda" else []
 
     def _generate_batch(self, sequences: list[list[int]], params: SamplingParams,
-                        eos_ids: set[int], row_caps: list[int], row_prompts: list[int]
-                        ) -> list[list[int]]:
+                        eos_ids: set[int], row_caps: list[int], row_prompts: list[int],
+                        entropy: list[float]) -> list[list[int]]:
         """Generated ids per row, ending at the token that ended it (the caller trims at EOS
         and stop strings); `row_prompts`: each row's prompt index (a prompt's samples share
-        it). The decode loop of :mod:`clbench.train.decoding`, or `generate` for a model whose
-        cache it cannot run."""
+        it). The decode loop of :mod:`clbench.train.decoding` (which adds each row's summed
+        token entropies to `entropy`), or `generate` for a model whose cache it cannot run
+        (which measures none: `entropy` becomes NaN)."""
         import torch
 
         pad_id = self.tokenizer.pad_token_id
@@ -247,7 +252,9 @@ class HFGenerator(Generator):
             if cache is not None:
                 plan = decoding.RowPlan(row_prompts, row_caps, frozenset(eos_ids), stops)
                 return decoding.decode(self.model, input_ids, attention, plan,
-                                       decoding.Sampling(params.temperature, params.top_p), cache)
+                                       decoding.Sampling(params.temperature, params.top_p), cache,
+                                       entropy=entropy)
+            entropy[:] = [float("nan")] * len(entropy)
             return self._generate_with_transformers(input_ids, attention, params, eos_ids,
                                                     row_caps, stops)
 
