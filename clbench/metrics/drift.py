@@ -15,7 +15,8 @@ For one 2-D weight matrix, W0 before and W1 after (the base model's, or the prev
   |M0 & M1| / |M0 | M1| (Jaccard: 1 when the same entries carry the principal structure, 0 when
   none do). The paper's exact form is not public; this is clbench's, and is named so in results.
 
-Everything is computed in float64. For a matrix whose smaller side is at most `exact_limit`,
+Everything is computed in float64 (block by block of rows where a whole matrix would be a large
+copy; the mask's ranking in float32). For a matrix whose smaller side is at most `exact_limit`,
 the singular values and top-k vectors come from the eigendecomposition of its Gram matrix
 (:func:`_exact_top_k`: on the embedded model 1.6x faster than the singular values alone by SVD,
 and per matrix within 5e-10 of their NSS); otherwise the singular values come from `svdvals`
@@ -103,20 +104,37 @@ def max_principal_angle(frame0: torch.Tensor, frame1: torch.Tensor) -> float:
     return math.degrees(math.asin(sine))
 
 
+#: Rows per block where a whole matrix in float64 would be a large transient copy (the embedded
+#: model's embedding matrix is 226 MB in float64): blocks bound the diagnostics' peak memory.
+BLOCK_ROWS = 4096
+
+
+def _row_blocks(rows: int) -> Iterable[slice]:
+    return (slice(start, min(start + BLOCK_ROWS, rows)) for start in range(0, rows, BLOCK_ROWS))
+
+
 def changed_fraction(w0: torch.Tensor, w1: torch.Tensor, rtol: float) -> float:
-    """Share of entries with |w1 - w0| > rtol * max(|w0|, |w1|)."""
-    delta = (w1 - w0).abs()
-    return float((delta > rtol * torch.maximum(w0.abs(), w1.abs())).float().mean())
+    """Share of entries with |w1 - w0| > rtol * max(|w0|, |w1|) (in float64, block by block)."""
+    changed = 0
+    for rows in _row_blocks(w0.shape[0]):
+        a, b = w0[rows].to(torch.float64), w1[rows].to(torch.float64)
+        changed += int(((b - a).abs() > rtol * torch.maximum(a.abs(), b.abs())).sum())
+    return changed / max(w0.numel(), 1)
 
 
 def principal_mask(u: torch.Tensor, s: torch.Tensor, v: torch.Tensor, fraction: float
                    ) -> torch.Tensor:
     """Boolean mask of the `fraction` largest-magnitude entries of the reconstruction
-    u diag(s) v^T (at least one entry)."""
-    recon = ((u * s) @ v.T).abs().flatten()
-    count = max(1, round(fraction * recon.numel()))
-    mask = torch.zeros_like(recon, dtype=torch.bool)
-    mask[torch.topk(recon, count).indices] = True
+    u diag(s) v^T (at least one entry). The reconstruction is computed in float64 block by
+    block and ranked in float32 (ties at the threshold aside, the same entries)."""
+    magnitude = torch.empty(u.shape[0], v.shape[0], dtype=torch.float32)
+    scaled = u * s
+    for rows in _row_blocks(u.shape[0]):
+        magnitude[rows] = (scaled[rows] @ v.T).abs()
+    flat = magnitude.flatten()
+    count = max(1, round(fraction * flat.numel()))
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    mask[torch.topk(flat, count, sorted=False).indices] = True
     return mask
 
 
@@ -134,11 +152,12 @@ class Profile:
 
 def profile(w: torch.Tensor, settings: DriftSettings = DriftSettings()) -> Profile:
     """The :class:`Profile` of `w`, exact or randomised (see the module docstring)."""
-    w = w.detach().to(torch.float64)
+    w = w.detach()
     k = min(settings.k, *w.shape)
     if min(w.shape) <= settings.exact_limit:
         u, sigma_k, v, sigma = _exact_top_k(w, k)
     else:
+        w = w.to(torch.float64)
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(0)  # the same sketch every time: drift must not depend on the RNG
         try:
@@ -146,28 +165,35 @@ def profile(w: torch.Tensor, settings: DriftSettings = DriftSettings()) -> Profi
                                               niter=settings.power_iterations)
         finally:
             torch.random.set_rng_state(generator_state)
-        u, sigma_k, v = u[:, :k], sigma_k[:k], v[:, :k]
+        u, sigma_k, v = u[:, :k].clone(), sigma_k[:k].clone(), v[:, :k].clone()
         sigma = torch.linalg.svdvals(w)
     return Profile(sigma, u, sigma_k, v, principal_mask(u, sigma_k, v, settings.mask_fraction))
 
 
 def _exact_top_k(w: torch.Tensor, k: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(U_k, sigma_k, V_k, every sigma) of a float64 matrix, from the eigendecomposition of its
-    Gram matrix on the smaller side: 3-5x faster than an SVD on the embedded model's matrices,
-    singular values within 1e-13 of the SVD's relative to the largest. A matrix with a top-k
-    singular value near zero (rank below k) takes the SVD: its directions are not defined by
-    the Gram matrix."""
+    """(U_k, sigma_k, V_k, every sigma) of a matrix, in float64, from the eigendecomposition of
+    its Gram matrix on the smaller side: 3-5x faster than an SVD on the embedded model's
+    matrices, singular values within 1e-13 of the SVD's relative to the largest. The Gram matrix
+    and the long side's vectors are accumulated block by block of the long side (no float64 copy
+    of the whole matrix). A matrix with a top-k singular value near zero (rank below k) takes the
+    SVD: its directions are not defined by the Gram matrix."""
     tall = w.shape[0] >= w.shape[1]
-    gram = w.T @ w if tall else w @ w.T
+    long = w if tall else w.T  # rows: the long side
+    gram = torch.zeros(long.shape[1], long.shape[1], dtype=torch.float64)
+    for rows in _row_blocks(long.shape[0]):
+        block = long[rows].to(torch.float64)
+        gram += block.T @ block
     eigenvalues, vectors = torch.linalg.eigh(gram)
     sigma = eigenvalues.flip(0).clamp(min=0.0).sqrt()
     if sigma[0] > 0 and bool((sigma[:k] > 1e-6 * sigma[0]).all()):
-        frame = vectors.flip(1)[:, :k]
-        other = (w @ frame if tall else w.T @ frame) / sigma[:k]
-        return (other, sigma[:k], frame, sigma) if tall else (frame, sigma[:k], other, sigma)
-    u, s, vh = torch.linalg.svd(w, full_matrices=False)
-    return u[:, :k], s[:k], vh[:k].T, s
+        frame = vectors.flip(1)[:, :k].clone()  # a clone: a view would keep all of `vectors`
+        top = sigma[:k].clone()
+        other = torch.cat([long[rows].to(torch.float64) @ frame
+                           for rows in _row_blocks(long.shape[0])]) / top
+        return (other, top, frame, sigma) if tall else (frame, top, other, sigma)
+    u, s, vh = torch.linalg.svd(w.to(torch.float64), full_matrices=False)
+    return u[:, :k].clone(), s[:k].clone(), vh[:k].T.clone(), s
 
 
 def drift_between(w0: torch.Tensor, p0: Profile, w1: torch.Tensor, p1: Profile,
@@ -176,13 +202,13 @@ def drift_between(w0: torch.Tensor, p0: Profile, w1: torch.Tensor, p1: Profile,
     if w0.shape != w1.shape or w0.dim() != 2:
         raise ValueError(f"drift compares two matrices of one shape, got {tuple(w0.shape)} and "
                          f"{tuple(w1.shape)}")
-    a, b = w0.detach().to(torch.float64), w1.detach().to(torch.float64)
     union = int((p0.mask | p1.mask).sum())
     overlap = int((p0.mask & p1.mask).sum()) / union if union else 1.0
     return MatrixDrift(nss=nss(p0.sigma, p1.sigma), left_angle=max_principal_angle(p0.u, p1.u),
                        right_angle=max_principal_angle(p0.v, p1.v),
-                       changed_fraction=changed_fraction(a, b, settings.rtol),
-                       mask_overlap=overlap, parameters=a.numel())
+                       changed_fraction=changed_fraction(w0.detach(), w1.detach(),
+                                                         settings.rtol),
+                       mask_overlap=overlap, parameters=w0.numel())
 
 
 def matrix_drift(w0: torch.Tensor, w1: torch.Tensor, settings: DriftSettings = DriftSettings()
