@@ -28,8 +28,9 @@ from datetime import datetime
 from pathlib import Path
 
 LOG_TIME = "%Y-%m-%d %H:%M:%S,%f"
-ROW_LINE = re.compile(r"clbench\.rows: row (\d+) column ")
-STEP_LINE = re.compile(r"clbench\.protocol: stage (\d+) step ")
+# the loggers' names since the layers became folders, and before (logs of older runs)
+ROW_LINE = re.compile(r"clbench(?:\.run)?\.rows: row (\d+) column ")
+STEP_LINE = re.compile(r"clbench(?:\.run)?\.protocol: stage (\d+) step ")
 
 
 def log_marks(log: Path) -> tuple[dict[int, float], dict[int, float]]:

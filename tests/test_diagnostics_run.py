@@ -119,9 +119,12 @@ def test_diagnostics_settings_leave_the_suite_identity_alone(tmp_path: Path) -> 
 def test_rollout_diagnostics_take_the_first_and_last_step() -> None:
     from clbench.run.diagnostics import rollout_diagnostics
 
-    steps = [{"rollout_entropy": 1.5, "finished_rate": 0.25}, {"loss": 0.1},
-             {"rollout_entropy": 0.5, "finished_rate": 1.0}]
+    steps = [{"rollout_entropy": 1.5, "finished_rate": 0.25, "repetitive_rate": 0.0},
+             {"loss": 0.1}, {"rollout_entropy": 0.5, "finished_rate": 1.0,
+                             "repetitive_rate": 0.5}]
     assert rollout_diagnostics(steps) == {"entropy_first": 1.5, "entropy_last": 0.5,
                                           "never_ended_share_first": 0.75,
-                                          "never_ended_share_last": 0.0}
+                                          "never_ended_share_last": 0.0,
+                                          "repetitive_share_first": 0.0,
+                                          "repetitive_share_last": 0.5}
     assert rollout_diagnostics([{"loss": 0.1}]) == {}  # SFT records neither

@@ -23,6 +23,10 @@ def test_a_run_costs_every_row_its_columns_batches_and_every_stage_its_steps() -
     assert estimate.train_seconds == pytest.approx(16 * 3.0 + 8 * 12.5)
     assert estimate.seconds == pytest.approx(130.0 + 148.0)
     assert estimate.disk_bytes == 7_000  # the last stage's, the latest step's and its successor
+    with_diagnostics = RunEstimate(rows=2, columns=(), stages=(StageCost("math", 1, 1.0),),
+                                   stage_checkpoint_bytes=0, step_checkpoint_bytes=0,
+                                   diagnostics_seconds=30.0, base_weights_bytes=500)
+    assert with_diagnostics.seconds == 31.0 and with_diagnostics.disk_bytes == 500
 
 
 def test_the_calibration_batch_holds_the_prompts_around_the_median_length() -> None:
@@ -55,6 +59,7 @@ def test_plan_estimate_calibrates_on_the_smoke_suite_and_writes_nothing(tmp_path
             if line.strip().startswith(("eval ", "train "))}
     assert rows["math_ood"][2:6] == ["3", "rows", "x", "8"]  # 3 rows x 8 items
     assert rows["science"][2:5] == ["2", "steps", "x"]
+    assert any(line.split()[:1] == ["diagnostics"] for line in text.splitlines())
     # a step checkpoint holds AdamW's two moments besides the weights: about 3x a stage's
     disk = next(line for line in text.splitlines() if line.startswith("disk"))
     assert "two of the stage in progress" in disk

@@ -356,6 +356,9 @@ def print_estimate(console: Console, estimate: Any, resolved: dict[str, Any],
     for s in estimate.stages:
         table.add_row(f"train {escape(s.name)}", f"{s.steps} steps x {s.step_seconds:.1f} s",
                       clock_time(s.seconds))
+    if estimate.diagnostics_seconds:
+        table.add_row("diagnostics", f"drift after {len(estimate.stages)} stages",
+                      clock_time(estimate.diagnostics_seconds))
     table.add_row("[bold]total[/]", "", f"[bold]{clock_time(estimate.seconds)}[/]")
     print_uncut(console, table)
     console.print(f"[bold]disk[/] checkpoints at most {_size(estimate.disk_bytes)} (the last "

@@ -12,8 +12,9 @@ was kept still has it.
 **Artifacts** compare each task column's completions in row t with row 0's, item records read
 from the run folder (:mod:`clbench.metrics.artifacts`); **collapse** is judged on the row's
 stream scores and those reports. With `collapse.stop` a collapsed run ends after that row with
-status `collapsed`. **Rollouts** (on-policy methods): the sampler's token entropy and the share
-of rollouts that hit the token cap, first and last step of the stage, from its step records.
+status `collapsed`. **Rollouts** (on-policy methods): the sampler's token entropy, the share of
+rollouts that hit the token cap and of repetitive ones, first and last step of the stage, from its
+step records.
 **Response drift** (:mod:`clbench.run.response_drift`) and **distance**
 (:mod:`clbench.run.distance`) have their own modules.
 """
@@ -187,11 +188,12 @@ def row_collapse(columns: Sequence[Column], row: Sequence[Cell | None],
 
 
 def rollout_diagnostics(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """The sampler's token entropy and the share of rollouts that never ended (hit the token
-    cap), at the stage's first and last step, from the step records of an on-policy method
-    (empty for a method that records neither)."""
+    """The sampler's token entropy, the share of rollouts that never ended (hit the token cap)
+    and the share that are repetitive, at the stage's first and last step, from the step
+    records of an on-policy method (empty for a method that records none of them)."""
     out: dict[str, float] = {}
-    for key, name in (("rollout_entropy", "entropy"), ("finished_rate", "never_ended_share")):
+    for key, name in (("rollout_entropy", "entropy"), ("finished_rate", "never_ended_share"),
+                      ("repetitive_rate", "repetitive_share")):
         values = [float(s[key]) for s in steps if isinstance(s.get(key), (int, float))]
         if values:
             first, last = values[0], values[-1]

@@ -6,8 +6,13 @@ evaluation batch of each task column (the items around its median prompt length,
 run batches them) and two training steps of each stage (the
 method's own steps, on a copy of the model, from the stage's first items; the second is timed,
 the first also pays the stage's setup). A run then costs, for every row, each column's items at
-its batch's rate, and for every stage its steps at its step's time. Left out, and said so:
-lm-eval probes, checkpoint writes, model loading, and a stage's one-time setup.
+its batch's rate, and for every stage its steps at its step's time. The diagnostics after each
+stage: parameter drift from one decomposition of every weight matrix (a stage costs three on
+the first stage, the base's, its own and the comparisons, two on later ones: measured 22 and
+14 s on the embedded model against a 7-second pass), response drift from one scoring of the
+probe prompts by two models with responses as long as the decoding allows (an upper bound).
+Left out, and said so: lm-eval probes, checkpoint writes, model loading, the prompt distances
+(seconds), and a stage's one-time setup.
 
 Disk: a run keeps the checkpoint of the last trained stage (the student's weights and the
 method's state, e.g. a teacher) and one of the stage in progress (the same and the method's
@@ -74,7 +79,8 @@ class RunEstimate:
     stage_checkpoint_bytes: int  # weights and the method's state
     step_checkpoint_bytes: int  # the same and the method's progress in the stage
     not_estimated: tuple[str, ...] = ()  # columns left out (lm-eval probes)
-    base_weights_bytes: int = 0  # the base model's matrices, kept for parameter drift
+    base_weights_bytes: int = 0  # the base model's parameters, kept for the drift diagnostics
+    diagnostics_seconds: float = 0.0  # drift diagnostics after every stage
 
     @property
     def eval_seconds(self) -> float:
@@ -86,7 +92,7 @@ class RunEstimate:
 
     @property
     def seconds(self) -> float:
-        return self.eval_seconds + self.train_seconds
+        return self.eval_seconds + self.train_seconds + self.diagnostics_seconds
 
     @property
     def disk_bytes(self) -> int:
@@ -145,6 +151,7 @@ def estimate_run(cal: Calibration, plans: Sequence[ColumnPlan],
         stages.append(cost)
         method_state, progress = max(method_state, sizes[0]), max(progress, sizes[1])
     return RunEstimate(rows=1 + len(stages), columns=columns, stages=tuple(stages),
+                       diagnostics_seconds=_diagnostics_seconds(cal, plans, len(stages)),
                        stage_checkpoint_bytes=weights + method_state,
                        step_checkpoint_bytes=weights + method_state + progress,
                        not_estimated=tuple(p.name for p in plans if p.task is None),
@@ -198,6 +205,36 @@ def _stage_cost(cal: Calibration, index: int, spec: Any, task: TaskSource,
     sizes = (state_bytes(method.state_dict()), max(progress, default=0))
     del student, method
     return StageCost(spec.name, spec.budget.steps, seconds), sizes
+
+
+def _diagnostics_seconds(cal: Calibration, plans: Sequence[ColumnPlan], stages: int) -> float:
+    """The drift diagnostics of `stages` stages (see the module docstring)."""
+    from clbench.metrics.drift import DriftSettings, profile, weight_matrices
+    from clbench.run.response_drift import kl_sum
+    from clbench.train.rollout import encode_chat
+
+    spec = cal.run.suite.protocol.diagnostics
+    seconds = 0.0
+    if spec.weight_drift.enabled and stages:
+        cal.on_step("parameter drift")
+        settings = DriftSettings(k=spec.weight_drift.k)
+        started = time.perf_counter()
+        for w in weight_matrices(cal.model.named_parameters()).values():
+            profile(w.detach().to("cpu"), settings)
+        seconds += (time.perf_counter() - started) * (3 + 2 * (stages - 1))
+    if spec.response_drift.enabled and stages:
+        prompts = [encode_chat(cal.tokenizer, e.messages) for plan in plans
+                   if plan.task is not None
+                   for e in plan.examples[:spec.response_drift.items_per_column]]
+        if prompts:
+            cal.on_step("response drift")
+            filler = cal.tokenizer.eos_token_id or 0
+            responses = [[filler] * cal.run.suite.protocol.decoding.max_new_tokens] * len(prompts)
+            started = time.perf_counter()
+            with cal.dist.autocast():
+                kl_sum(cal.model, cal.model, prompts, responses)
+            seconds += (time.perf_counter() - started) * stages
+    return seconds
 
 
 def _weights_bytes(model: Any) -> int:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from pydantic import Field
 
+from clbench.metrics.artifacts import max_repeat
 from clbench.tasks.base import Example, Grade
 from clbench.train.api import Method, StageReport
 from clbench.train.logprobs import TokenLogprobs, completion_logprobs, pack_batch
@@ -340,8 +341,15 @@ def batch_summary(batch: RolloutBatch) -> dict[str, float]:
         "groups_with_signal": batch.groups_with_signal(),
         "completion_tokens_mean": sum(lengths) / len(lengths),
         "finished_rate": sum(r.finished for r in batch.rollouts) / batch.size,
+        "repetitive_rate": sum(max_repeat(r.text, REPEAT_N) >= REPEAT_LIMIT
+                               for r in batch.rollouts) / batch.size,
         **rollout_entropy(batch.rollouts),
     }
+
+
+#: A rollout is repetitive when one word 4-gram occurs in it 4 times (the artifact report's
+#: defaults, :mod:`clbench.metrics.artifacts`).
+REPEAT_N, REPEAT_LIMIT = 4, 4
 
 
 def rollout_entropy(rollouts: Sequence[Rollout]) -> dict[str, float]:
