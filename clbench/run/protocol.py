@@ -155,13 +155,14 @@ def _attach_log(run_dir: Path) -> logging.Handler:
 
 def execute(run: RunSpec, resume: bool = False, console: Console | None = None) -> RunResult:
     """Run (or resume) one suite x method x seed and return its result (printing it is the
-    caller's: :func:`clbench.report.runs.print_summary`).
+    caller's: :func:`clbench.report.runs.print_summary`). Progress bars and the few messages a
+    user must see go to `console` (the CLI's); without one nothing is shown.
 
     Raises :class:`clbench.run.rundir.RunDirError` for a directory of another run,
     :class:`RunInterrupted` on Ctrl-C (after saving what is complete). A method that raises
     leaves a `failed` result.
     """
-    console = console or Console()
+    console = console or Console(quiet=True)
     run_dir = Path(run.out_dir)
     method = registry.build_method(run.method)
     method_config = method.config.model_dump(mode="json")

@@ -53,7 +53,8 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     their intransigence where their joint references are there too.
 
     Raises :class:`UserError` naming the runs that failed or were stopped from outside the
-    sweep (after the comparison), :class:`RunInterrupted` on Ctrl-C or SIGTERM.
+    sweep (after the comparison), :class:`RunInterrupted` on Ctrl-C or SIGTERM. Progress, each
+    run's summary and the comparison go to `console` (the CLI's); without one nothing is shown.
     """
     from clbench.plugins.runspec import build_run_spec
     from clbench.train.distributed import launched_world_size
@@ -64,7 +65,7 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
                         "`clbench run` per method and seed instead")
     if jobs < 1:
         raise UserError(f"--jobs {jobs}: expected at least 1")
-    console = console or Console()
+    console = console or Console(quiet=True)  # the CLI passes its own
     out_root = Path(out_root)
     # The whole grid is validated before anything trains. Each pair once: two children of the
     # same pair would write into the same run directory.
