@@ -20,7 +20,7 @@ EXAMPLE_PLUGINS ?= -e examples/plugins/clbench-ewc -e examples/plugins/clbench-r
 STAMP  := $(VENV)/.clbench-setup
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-slow lint clean-venv
+.PHONY: setup run test test-slow test-browser lint clean-venv
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile examples/plugins/*/pyproject.toml
@@ -48,6 +48,11 @@ lint: setup
 # The slow end-to-end tests (excluded from `make test`); pytest's exit 5 means none were selected.
 test-slow: setup
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+# The leaderboard in a real headless browser: needs Chromium and its driver (Debian:
+# `apt-get install chromium chromium-driver`; .ci/run installs them where it can).
+test-browser: setup
+	$(PY) -m pytest -q -m browser $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

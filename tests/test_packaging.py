@@ -28,14 +28,16 @@ def test_every_package_is_in_the_wheel() -> None:
     assert found == listed
 
 
-def test_a_wheel_ships_the_named_suites_and_the_task_data(tmp_path: Path) -> None:
+def test_a_wheel_ships_the_named_suites_the_task_data_and_the_leaderboard_templates(
+        tmp_path: Path) -> None:
     """Built from a copy of the sources (the checkout stays clean): the suites that `--suite
-    NAME` finds and the offline data of the shipped tasks are in the wheel."""
+    NAME` finds, the offline data of the shipped tasks and the leaderboard's templates and
+    assets are in the wheel; the published results are not."""
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for folder in ("clbench", "methods", "suites"):
+    for folder in ("clbench", "methods", "suites", "leaderboard"):
         shutil.copytree(ROOT / folder, src / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -48,6 +50,11 @@ def test_a_wheel_ships_the_named_suites_and_the_task_data(tmp_path: Path) -> Non
             for p in (ROOT / "clbench" / "data").rglob("*") if p.is_file()
             and "__pycache__" not in p.parts}
     assert data and data <= names, sorted(data - names)[:5]
+    site = {"clbench_leaderboard/" + p.relative_to(ROOT / "leaderboard").as_posix()
+            for folder in ("templates", "assets")
+            for p in (ROOT / "leaderboard" / folder).iterdir()}
+    assert site and site <= names, sorted(site - names)
+    assert not any(n.startswith("clbench_leaderboard/results/") for n in names)
 
 
 def test_named_suites_are_found_where_clbench_suites_is_installed() -> None:

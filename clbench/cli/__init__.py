@@ -2,11 +2,17 @@
 
 `app` holds the root group, error handling and shared options; each other module registers a
 family of commands on it: `listing` (list, validate, schema, tasks show, methods show),
-`running` (run, sweep, report), `exporting` (export-lm-eval, export-model). A new command is a
+`running` (run, sweep, report), `exporting` (export-lm-eval, export-model), `leaderboard`
+(leaderboard build, leaderboard serve). A new command is a
 decorated function in one of them. `python -m clbench.cli` is the same command as `clbench`.
 """
 
-from clbench.cli import exporting, listing, running  # noqa: F401 - register their commands
+from clbench.cli import (  # noqa: F401 - register their commands
+    exporting,
+    leaderboard,
+    listing,
+    running,
+)
 from clbench.cli.app import cli, main
 
 __all__ = ["cli", "main"]

@@ -129,3 +129,19 @@ def bootstrap_interval(scores: Sequence[float], samples: int = 1000, confidence:
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(means, [tail, 1.0 - tail])
     return Interval(float(low), float(high), confidence, samples)
+
+
+# Student's t, two-sided 95%: t_{0.975, df} for df = 1..30 (beyond: the normal's 1.96).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def seed_interval(summary: SeedSummary) -> tuple[float, float] | None:
+    """The 95% Student-t interval of the mean over seeds, mean ± t * std / sqrt(n); None for
+    fewer than two seeds (a spread needs two)."""
+    if summary.mean is None or summary.std is None or summary.n < 2:
+        return None
+    t = _T975[summary.n - 2] if summary.n - 1 <= len(_T975) else 1.96
+    half = t * summary.std / math.sqrt(summary.n)
+    return summary.mean - half, summary.mean + half

@@ -1,0 +1,1 @@
+"""The leaderboard: results files -> entries aggregated over seeds -> a static site."""

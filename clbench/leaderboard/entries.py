@@ -1,0 +1,249 @@
+"""The leaderboard's data: results files found, checked, grouped into entries and aggregated.
+
+An **entry** is one method setting on one model on one suite: the complete runs of the same
+suite (name, version and content hash, task source versions: :func:`comparison_groups`), the
+same model and the same method settings, one per seed. Runs of different suite versions or
+hashes are different suites and never share a table. Per entry, over its seeds:
+
+- every metric's mean, standard deviation, n and 95% Student-t interval
+  (:func:`clbench.metrics.aggregate.seed_interval`);
+- the accuracy matrix's mean per cell, every column's score after each stage;
+- the diagnostics per stage (parameter and response drift, rollout entropy, collapse and
+  amplified patterns) as means, and flags when any seed collapsed or amplified a pattern;
+- compute: tokens, wall time, hardware, peak memory; provenance of every seed's run.
+
+Everything here is data (`leaderboard.json` is :func:`board` as JSON); the site renders it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clbench.errors import UserError
+from clbench.metrics.aggregate import SeedSummary, seed_interval, summarise
+from clbench.report.comparison import comparison_groups, metric_order, settings_in_force
+from clbench.results import RunResult, read_results
+
+#: The metrics of the index table, in order (others appear on entry pages).
+INDEX_METRICS = ("acc", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta")
+
+#: What each metric is, for the headers' tooltips (the variant is added where runs record one).
+METRIC_HELP = {
+    "acc": "average accuracy over the stream tasks after the last stage",
+    "la": "learning accuracy: each stream task's score right after its own stage",
+    "bwt": "backward transfer: change of earlier tasks' scores by the end (negative = forgetting)",
+    "fwt": "forward transfer: a task's score before its stage, against the base model's",
+    "forgetting": "mean drop from each earlier task's best score to its final one",
+    "ood_delta": "change of the out-of-distribution probes from the base model",
+    "general_delta": "change of the general-ability probes from the base model",
+    "op": "overall performance", "aia": "average incremental accuracy",
+    "intransigence": "gap to the joint reference on each task",
+}
+
+
+def find_results(paths: Sequence[str | Path], problems: list[str]) -> list[tuple[Path, RunResult]]:
+    """Every readable results file among `paths` (files, or folders searched for
+    `results.json` and other `*.json` files). A file that is not a valid results file is
+    reported in `problems` (its path and why) and left out."""
+    found: list[tuple[Path, RunResult]] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise UserError(f"{path}: no such file or folder")
+        files = [path] if path.is_file() else sorted(
+            p for p in path.rglob("*.json") if p.is_file() and _searched(p, path))
+        for f in files:
+            try:
+                found.append((f, read_results(f)))
+            except UserError as exc:
+                problems.append(str(exc))
+    return found
+
+
+#: What a run folder holds besides its results: not searched for results.
+RUN_FOLDER_FILES = frozenset({"run.json", "kept-time.json", "cells.json", "leaderboard.json"})
+RUN_FOLDER_DIRS = frozenset({"items", "checkpoints", "stages", "work"})
+
+
+def _searched(path: Path, root: Path) -> bool:
+    return path.name not in RUN_FOLDER_FILES and not any(
+        part in RUN_FOLDER_DIRS for part in path.relative_to(root).parts[:-1])
+
+
+def model_name(result: RunResult) -> str:
+    return str(result.model.spec.get("name") or "unrecorded")
+
+
+def _slug(*parts: str) -> str:
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:10]
+    name = re.sub(r"[^a-z0-9]+", "-", parts[-1].lower()).strip("-")[:40]
+    return f"{name}-{digest}" if name else digest
+
+
+def _summary_dict(summary: SeedSummary) -> dict[str, Any]:
+    interval = seed_interval(summary)
+    return {**summary.as_dict(), "low": interval[0] if interval else None,
+            "high": interval[1] if interval else None}
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    return summarise(v for v in values if isinstance(v, (int, float))).mean
+
+
+def _matrix(runs: Sequence[RunResult]) -> dict[str, Any]:
+    first = runs[0]
+    rows = max(len(r.matrix) for r in runs)
+    cells = [[summarise(r.matrix[i][j].score if i < len(r.matrix) and r.matrix[i][j] is not None
+                        else None for r in runs)
+              for j in range(len(first.columns))] for i in range(rows)]
+    return {"rows": list(first.row_labels[:rows]) or [f"row {i}" for i in range(rows)],
+            "columns": [{"name": c.name, "kind": c.kind, "stage": c.stage}
+                        for c in first.columns],
+            "mean": [[c.mean for c in row] for row in cells],
+            "std": [[c.std for c in row] for row in cells]}
+
+
+def _diagnostics(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
+    """Per stage, means over the seeds of the headline diagnostics."""
+    out = []
+    stages = max(len(r.stages) for r in runs)
+    for i in range(stages):
+        records = [r.stages[i] for r in runs if i < len(r.stages)]
+        d = [s.diagnostics for s in records]
+        amplified = sorted({f"{column}: {pattern}" for x in d
+                            for column, report in x.get("artifacts", {}).items()
+                            for pattern in report.get("amplified", [])})
+        out.append({
+            "stage": records[0].index, "name": records[0].name,
+            "nss_vs_base": _mean([x.get("weight_drift", {}).get("vs_base", {}).get("all", {})
+                                  .get("nss") for x in d]),
+            "angle_vs_base": _mean([x.get("weight_drift", {}).get("vs_base", {}).get("all", {})
+                                    .get("max_principal_angle") for x in d]),
+            "response_kl": _mean([x.get("response_drift", {}).get("kl") for x in d]),
+            "edit_similarity": _mean([x.get("response_drift", {}).get("edit_similarity")
+                                      for x in d]),
+            "rollout_entropy": _mean([x.get("rollouts", {}).get("entropy_last") for x in d]),
+            "collapsed_seeds": sum(bool(x.get("collapse")) for x in d),
+            "amplified": amplified,
+        })
+    return out
+
+
+def _examples(where: Path, result: RunResult, per_column: int = 2) -> list[dict[str, Any]]:
+    """A few completions of the last row, when the run folder with its item records is there."""
+    folder = where if where.is_dir() else where.parent
+    row = len(result.matrix) - 1
+    out = []
+    for column in result.columns:
+        path = folder / "items" / f"row{row}" / f"{column.name}.jsonl"
+        if not path.is_file() or row < 1:
+            continue
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()[:per_column]
+            records = [json.loads(line) for line in lines if line.strip()]
+        except (OSError, ValueError):
+            continue
+        out += [{"column": column.name, "id": str(r.get("id")),
+                 "completion": str(r.get("completion", ""))[:2000],
+                 "correct": bool(r.get("correct"))} for r in records if isinstance(r, dict)]
+    return out
+
+
+def _provenance(result: RunResult) -> dict[str, Any]:
+    settings = settings_in_force(result)
+    sets = " ".join(f"--set method.{k}={json.dumps(v, default=str)}"
+                    for k, v in (settings or {}).items())
+    return {"seed": result.seed, "clbench": result.versions.get("clbench"),
+            "git_revision": result.git_revision, "suite_hash": result.suite_hash,
+            "versions": dict(sorted(result.versions.items())),
+            "method_distribution": result.method.distribution,
+            "method_version": result.method.version,
+            "created": result.created.isoformat(), "updated": result.updated.isoformat(),
+            "command": f"clbench run --suite {result.suite.get('name')} --method "
+                       f"{result.method.name} --seed {result.seed}" + (f" {sets}" if sets else "")}
+
+
+def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[str, Any]:
+    runs = sorted(runs, key=lambda pr: pr[1].seed)
+    results = [r for _, r in runs]
+    first = results[0]
+    names = metric_order({n for r in results for n in r.metrics})
+    metrics = {}
+    for name in names:
+        values = [r.metrics[name] for r in results if name in r.metrics]
+        metrics[name] = {**_summary_dict(summarise(v.value for v in values)),
+                         "higher_is_better": values[0].higher_is_better,
+                         "variant": values[0].variant}
+    hardware = sorted({(r.compute.device or "unrecorded").split(":")[0] for r in results})
+    tokens = [sum(r.compute.tokens.values()) for r in results]
+    diagnostics = _diagnostics(results)
+    return {
+        "id": _slug(suite, model_name(first), label), "suite": suite, "label": label,
+        "method": first.method.name, "model": model_name(first),
+        "settings": settings_in_force(first) if settings_in_force(first) is not None
+        else first.method.config,
+        "seeds": [r.seed for r in results], "n": len(results), "metrics": metrics,
+        "matrix": _matrix(results), "diagnostics": diagnostics,
+        "diagnosed": any(r.stages and any(s.diagnostics for s in r.stages) for r in results),
+        "flags": {"collapsed": any(r.status == "collapsed" for r in results)
+                  or any(d["collapsed_seeds"] for d in diagnostics),
+                  "amplified": any(d["amplified"] for d in diagnostics)},
+        "compute": {"tokens": _mean(tokens), "wall_time_s": _mean(
+                        [r.compute.wall_time_s or None for r in results]),
+                    "hardware": hardware, "peak_memory_bytes": max(
+                        (r.compute.peak_memory_bytes or 0 for r in results), default=0) or None},
+        "date": max(r.updated for r in results).date().isoformat(),
+        "provenance": [_provenance(r) for r in results],
+        "examples": _examples(*runs[0]),
+        "sources": [str(where) for where, _ in runs],
+    }
+
+
+def board(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
+    """`{"suites": [{key, name, version, hash, stages, columns, entries: [...]}]}`: every
+    complete run in `found` in its suite's entry (collapsed runs count: a method that collapses
+    is ranked, not hidden), entries ranked by ACC."""
+    contenders = [(p, r) for p, r in found if r.status in ("complete", "collapsed")
+                  and not r.joint]
+    complete = [(p, r.model_copy(update={"status": "complete"})) for p, r in contenders]
+    by_model: dict[str, list[tuple[Path, RunResult]]] = {}
+    for path, result in complete:
+        by_model.setdefault(model_name(result), []).append((path, result))
+    original = {id(c[1]): o[1] for c, o in zip(complete, contenders)}
+    suites: dict[str, dict[str, Any]] = {}
+    for _, runs in sorted(by_model.items(), key=lambda item: item[0]):
+        where = {id(r): p for p, r in runs}
+        for suite, labels in comparison_groups(runs).items():
+            info = suites.setdefault(suite, _suite_info(suite, next(iter(labels.values()))[0]))
+            for label, results in sorted(labels.items()):
+                restored = [(where[id(r)], original[id(r)]) for r in results]
+                info["entries"].append(_entry(suite, label, restored))
+    for info in suites.values():
+        info["entries"].sort(key=lambda e: (-(e["metrics"].get("acc", {}).get("mean") or -1),
+                                            e["label"], e["model"]))
+        for rank, entry in enumerate(info["entries"], 1):
+            entry["rank"] = rank
+        info["metric_variants"] = _variants(info["entries"])
+    return {"suites": [suites[k] for k in sorted(suites)]}
+
+
+def _suite_info(key: str, result: RunResult) -> dict[str, Any]:
+    return {"key": key, "id": _slug(key, str(result.suite.get("name"))),
+            "name": result.suite.get("name"), "version": result.suite.get("version"),
+            "hash": result.suite_hash, "description": result.suite.get("description") or "",
+            "stages": [s.get("name") for s in result.suite.get("stages", [])],
+            "entries": []}
+
+
+def _variants(entries: Sequence[dict[str, Any]]) -> dict[str, str]:
+    """Per metric, the variants its entries use (joined when they differ)."""
+    out: dict[str, set[str]] = {}
+    for entry in entries:
+        for name, m in entry["metrics"].items():
+            if m.get("variant"):
+                out.setdefault(name, set()).add(m["variant"])
+    return {name: " / ".join(sorted(v)) for name, v in out.items()}

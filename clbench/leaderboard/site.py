@@ -1,0 +1,184 @@
+"""`clbench leaderboard build`: the static site, from :mod:`clbench.leaderboard.entries`' data.
+
+The site is self-contained and relative: `index.html` (per suite a sortable, filterable table),
+`entries/<id>.html` (an entry's metrics with intervals, its accuracy matrix as a heatmap, every
+column's curve over the stages, diagnostics, example completions, settings, provenance and its
+raw results files under `raw/`), `compare/<suite>.html` (every entry of a suite on one plot per
+column), `leaderboard.json` (the data) and `assets/` (a stylesheet and the sorting script). No
+file refers to anything outside the folder, so it works from `file://` and any static host.
+
+Safety: the templates (the `clbench_leaderboard` package, top-level `leaderboard/` in the
+repository) are rendered by Jinja2 with autoescaping and strict undefined variables, so every
+string from a results file (method names, settings, completions) is escaped; every link is built
+here from slugs of `[a-z0-9-]` and the site's own file names, never from a results file. A
+rebuild from the same files writes the same bytes (plots included: :mod:`.plots`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from clbench.errors import UserError
+from clbench.leaderboard import plots
+from clbench.leaderboard.entries import INDEX_METRICS, METRIC_HELP, board, find_results
+from clbench.metrics.aggregate import format_value
+
+#: The file that marks a folder as a site this command wrote (and may replace).
+DATA_FILE = "leaderboard.json"
+
+
+def _templates() -> Path:
+    import clbench_leaderboard
+
+    return Path(clbench_leaderboard.__file__).resolve().parent
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "—" if not isinstance(value, (int, float)) else format_value(float(value), digits)
+
+
+def _clock(seconds: Any) -> str:
+    from clbench.progress import clock_time
+
+    return "—" if not isinstance(seconds, (int, float)) else clock_time(seconds)
+
+
+def _count(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "—"
+    for size, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= size:
+            return f"{value / size:.1f}{unit}"
+    return f"{value:.0f}"
+
+
+def _gib(size: Any) -> str:
+    return "—" if not size else f"{size / 2**30:.1f} GiB"
+
+
+def _environment() -> Any:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    env = Environment(loader=FileSystemLoader(str(_templates() / "templates")), autoescape=True,
+                      undefined=StrictUndefined, keep_trailing_newline=True)
+    env.globals.update(fmt=_fmt, clock=_clock, count=_count, gib=_gib, help=METRIC_HELP)
+    return env
+
+
+def _best(entries: Sequence[dict[str, Any]], metric: str) -> str | None:
+    """The id of the entry with the best mean of `metric` (None unless two entries have one)."""
+    scored = [(e["metrics"][metric]["mean"], e["id"]) for e in entries
+              if e["metrics"].get(metric, {}).get("mean") is not None]
+    if len(scored) < 2:
+        return None
+    higher = next(e["metrics"][metric]["higher_is_better"] for e in entries
+                  if metric in e["metrics"])
+    return (max(scored) if higher else min(scored))[1]
+
+
+def _column_lines(entry: dict[str, Any]) -> dict[str, list[float | None]]:
+    matrix = entry["matrix"]
+    return {c["name"]: [row[j] for row in matrix["mean"]]
+            for j, c in enumerate(matrix["columns"])}
+
+
+def _prepare_out(out: Path) -> None:
+    """An empty or missing folder, or a site this command built (replaced whole); anything else
+    is refused rather than overwritten."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out}: a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / DATA_FILE).is_file():
+        raise UserError(f"--out {out}: a folder that holds other files and no {DATA_FILE}; "
+                        "name an empty or new folder (an earlier site is replaced)")
+
+
+def build(paths: Sequence[str | Path], out: str | Path, strict: bool = False
+          ) -> tuple[dict[str, Any], list[str]]:
+    """Build the site into `out` from the results files found in `paths`; returns the data
+    and the problems with files that were skipped (`strict`: a problem is an error)."""
+    from markupsafe import Markup
+
+    from clbench import __version__
+
+    out = Path(out)
+    _prepare_out(out)
+    problems: list[str] = []
+    found = find_results(paths, problems)
+    if problems and strict:
+        raise UserError(f"{len(problems)} results file(s) cannot be used (--strict): "
+                        + "; ".join(problems))
+    data = board(found)
+    raw_names: dict[str, list[str]] = {}
+    for suite in data["suites"]:
+        for e in suite["entries"]:
+            raw_names[e["id"]] = [f"raw/{e['id']}/s{p['seed']}.json" for p in e["provenance"]]
+    env = _environment()
+    common = {"clbench_version": __version__, "run_count": len(found)}
+    staging = out.with_name(f".{out.name}.building")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "entries").mkdir(parents=True)
+    (staging / "compare").mkdir()
+    shutil.copytree(_templates() / "assets", staging / "assets")
+    higher = {m: True for m in INDEX_METRICS}
+    for suite in data["suites"]:
+        for e in suite["entries"]:
+            higher.update({m: s["higher_is_better"] for m, s in e["metrics"].items()})
+    best = {s["id"]: {m: _best(s["entries"], m) for m in INDEX_METRICS} for s in data["suites"]}
+    _write(staging / "index.html", env.get_template("index.html").render(
+        root="", suites=data["suites"], metrics=INDEX_METRICS, higher=higher, best=best,
+        problems=problems, **common))
+    for suite in data["suites"]:
+        for e in suite["entries"]:
+            steps = e["matrix"]["rows"]
+            columns = [c["name"] for c in e["matrix"]["columns"]]
+            page = env.get_template("entry.html").render(
+                root="../", suite=suite, e=e, raw=raw_names[e["id"]],
+                settings_json=json.dumps(e["settings"], indent=2, sort_keys=True, default=str),
+                heatmap_svg=Markup(plots.heatmap(e["matrix"]["mean"], steps, columns)),
+                curves_svg=Markup(plots.curves(_column_lines(e), steps)), **common)
+            _write(staging / "entries" / f"{e['id']}.html", page)
+            for source, name in zip(e["sources"], raw_names[e["id"]]):
+                target = staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+        charts = []
+        for j, column in enumerate(suite["entries"][0]["matrix"]["columns"]
+                                   if suite["entries"] else []):
+            lines = {e["label"] + ("" if len({x["model"] for x in suite["entries"]}) == 1
+                                   else f" ({e['model']})"): [row[j] for row in e["matrix"]["mean"]]
+                     for e in suite["entries"] if j < len(e["matrix"]["columns"])}
+            charts.append({"column": column["name"], "kind": column["kind"],
+                           "svg": Markup(plots.curves(lines, suite["entries"][0]["matrix"]["rows"],
+                                                      ylabel=column["name"]))})
+        _write(staging / "compare" / f"{suite['id']}.html", env.get_template("compare.html").render(
+            root="../", suite=suite, charts=charts, **common))
+    public = {"clbench_version": __version__, "problems": problems,
+              "suites": [{**s, "entries": [{k: v for k, v in e.items() if k != "sources"}
+                                           for e in s["entries"]]} for s in data["suites"]]}
+    _write(staging / DATA_FILE, json.dumps(public, indent=1, sort_keys=True, default=str) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    staging.replace(out)
+    return public, problems
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")
+
+
+def serve(site: str | Path, port: int = 8000) -> None:
+    """Serve `site` on http://127.0.0.1:`port` until interrupted."""
+    import functools
+    import http.server
+
+    site = Path(site)
+    if not (site / "index.html").is_file():
+        raise UserError(f"{site}: no index.html (build the site with `clbench leaderboard build "
+                        "RESULTS --out SITE` first)")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+        server.serve_forever()

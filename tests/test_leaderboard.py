@@ -1,0 +1,158 @@
+"""The leaderboard: entries aggregated over seeds and kept apart by suite version, hostile names
+escaped, malformed files skipped with their reason (or refused with --strict), a rebuild byte for
+byte the same, and the `clbench leaderboard` commands."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clbench.cli import cli
+from clbench.leaderboard.site import build
+from clbench.plugins.runspec import build_run_spec
+from clbench.results import Cell, MetricValue, new_result, write_results
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def _result(tmp_path: Path, method: str, seed: int, acc: float, *, version: str | None = None,
+            name: str | None = None, status: str = "complete"):
+    """A complete smoke-suite result whose matrix's last row averages to `acc` on the stream."""
+    run = build_run_spec("smoke", method, seed=seed, out_dir=tmp_path / "unused")
+    if version is not None:
+        run = run.model_copy(update={"suite": run.suite.model_copy(update={"version": version})})
+    result = new_result(run, {"lr": 1e-5})
+    if name is not None:
+        result.method.name = name
+    columns = len(result.columns)
+    result.matrix = [[Cell(score=0.1, n=10) for _ in range(columns)],
+                     [Cell(score=acc, n=10) for _ in range(columns)],
+                     [Cell(score=acc, n=10) for _ in range(columns)]]
+    result.row_labels = ["base", "after math", "after science"]
+    result.metrics = {"acc": MetricValue(value=acc),
+                      "bwt": MetricValue(value=-acc / 10, variant="t_minus_1"),
+                      "forgetting": MetricValue(value=acc / 5, higher_is_better=False,
+                                                variant="max")}
+    result.status = status  # type: ignore[assignment]
+    result.compute.wall_time_s = 60.0 * (seed + 1)
+    result.compute.tokens = {"generated": 1000}
+    return result
+
+
+def _write(folder: Path, name: str, result) -> Path:
+    path = folder / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_results(path, result)
+    return path
+
+
+def test_entries_are_aggregated_over_seeds_and_suite_versions_never_share_a_table(
+        tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    _write(results, "sft-s0", _result(tmp_path, "sft", 0, 0.5))
+    _write(results, "sft-s1", _result(tmp_path, "sft", 1, 0.7))
+    _write(results, "grpo-s0", _result(tmp_path, "grpo", 0, 0.8))
+    _write(results, "grpo-partial", _result(tmp_path, "grpo", 1, 0.0, status="partial"))
+    _write(results / "v9", "sft-s0", _result(tmp_path, "sft", 0, 0.9, version="9"))
+    data, problems = build([results], tmp_path / "site")
+    assert problems == []
+    by_version = {s["version"]: s for s in data["suites"]}
+    assert len(data["suites"]) == 2 and "9" in by_version  # two tables, never one
+    (current,) = [s for v, s in by_version.items() if v != "9"]
+    assert [e["label"] for e in current["entries"]] == ["grpo", "sft"]  # ranked by ACC
+    assert [e["rank"] for e in current["entries"]] == [1, 2]
+    grpo, sft = current["entries"]
+    assert grpo["n"] == 1 and grpo["metrics"]["acc"]["std"] is None  # the partial run is out
+    acc = sft["metrics"]["acc"]
+    std = math.sqrt(((0.5 - 0.6) ** 2 + (0.7 - 0.6) ** 2) / 1)
+    assert acc["mean"] == pytest.approx(0.6) and acc["std"] == pytest.approx(std)
+    half = 12.706 * std / math.sqrt(2)  # Student's t with one degree of freedom
+    assert (acc["low"], acc["high"]) == pytest.approx((0.6 - half, 0.6 + half))
+    assert sft["metrics"]["forgetting"]["higher_is_better"] is False
+    assert sft["matrix"]["mean"][2][0] == pytest.approx(0.6)
+    assert sft["compute"]["wall_time_s"] == pytest.approx(90.0)
+    assert current["metric_variants"] == {"bwt": "t_minus_1", "forgetting": "max"}
+    # the index marks the best value of each column where two entries compete: grpo's ACC,
+    # sft's BWT (-0.06 > -0.08) and (lower) forgetting; nothing in the one-entry suite
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert index.count('class="best"') == 3
+    assert f'href="entries/{sft["id"]}.html"' in index
+    entry = (tmp_path / "site" / "entries" / f"{sft['id']}.html").read_text()
+    assert entry.count("<svg") == 2  # the heatmap and the curves
+    assert (tmp_path / "site" / "raw" / sft["id"] / "s1.json").is_file()
+    stored = json.loads((tmp_path / "site" / "leaderboard.json").read_text())
+    assert stored["suites"][0]["entries"][0]["metrics"]["acc"]["mean"] is not None
+
+
+def test_a_hostile_method_name_is_escaped_everywhere(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    hostile = _result(tmp_path, "sft", 0, 0.5, name=HOSTILE)
+    hostile.method.config = {"stop": [HOSTILE], "note": "javascript:alert(1)"}
+    _write(results, "hostile", hostile)
+    data, _ = build([results], tmp_path / "site")
+    (entry,) = data["suites"][0]["entries"]
+    assert entry["label"] == HOSTILE  # the data keeps it as it is
+    pages = list((tmp_path / "site").rglob("*.html"))
+    assert len(pages) == 3  # index, the entry, the comparison
+    for page in pages:
+        text = page.read_text()
+        assert HOSTILE not in text
+        assert 'href="javascript:' not in text and "src=\"javascript:" not in text
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in index
+    assert all(c.isalnum() or c in "-." for c in pages[0].name)
+    assert {p.name for p in (tmp_path / "site" / "entries").iterdir()} == {f"{entry['id']}.html"}
+
+
+def test_a_malformed_file_is_named_and_skipped_or_refused_with_strict(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    _write(results, "sft-s0", _result(tmp_path, "sft", 0, 0.5))
+    (results / "broken.json").write_text("{not json")
+    (results / "other.json").write_text(json.dumps({"schema_version": "1.0", "status": "x"}))
+    runner = CliRunner()
+    shown = runner.invoke(cli, ["leaderboard", "build", str(results), "--out",
+                                str(tmp_path / "site")], env={"COLUMNS": "300"})
+    assert shown.exit_code == 0, shown.output
+    assert "skipped" in shown.output and "broken.json: not a readable JSON" in shown.output
+    assert "other.json" in shown.output
+    assert "1 suite(s), 1 entries" in shown.output
+    strict = runner.invoke(cli, ["leaderboard", "build", str(results), "--out",
+                                 str(tmp_path / "site2"), "--strict"], env={"COLUMNS": "300"})
+    assert strict.exit_code == 2
+    assert "2 results file(s) cannot be used (--strict)" in strict.output
+    assert not (tmp_path / "site2").exists()
+
+
+def test_a_rebuild_writes_the_same_bytes(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for seed, acc in [(0, 0.4), (1, 0.6)]:
+        _write(results, f"sdpo-s{seed}", _result(tmp_path, "sdpo", seed, acc))
+    build([results], tmp_path / "a")
+    build([results], tmp_path / "b")
+    build([results], tmp_path / "a")  # over the site built before: replaced whole
+    files_a = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*")
+                     if p.is_file())
+    files_b = sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").rglob("*")
+                     if p.is_file())
+    assert files_a == files_b and len(files_a) > 5
+    for rel in files_a:
+        assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
+
+
+def test_a_folder_of_other_files_is_not_overwritten(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    _write(results, "sft-s0", _result(tmp_path, "sft", 0, 0.5))
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    shown = CliRunner().invoke(cli, ["leaderboard", "build", str(results), "--out", str(mine)],
+                               env={"COLUMNS": "300"})
+    assert shown.exit_code == 2
+    assert "holds other files and no leaderboard.json" in shown.output
+    assert (mine / "notes.txt").read_text() == "keep me"
+    missing = CliRunner().invoke(cli, ["leaderboard", "serve", str(tmp_path / "results")])
+    assert missing.exit_code == 2 and "no index.html" in missing.output

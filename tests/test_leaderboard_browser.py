@@ -1,0 +1,90 @@
+"""The built leaderboard in a real headless browser: Debian's Chromium driven by Selenium through
+Debian's chromedriver, the site opened from `file://` (no server: every link is relative).
+
+Run by `make test-browser` (CI installs `chromium` and `chromium-driver` first); a machine
+without them fails here with what to install, rather than skipping.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from test_leaderboard import _result, _write
+
+from clbench.leaderboard.site import build
+
+pytestmark = pytest.mark.browser
+
+
+def _browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if binary is None or driver is None:
+        pytest.fail("the browser test needs Chromium and its driver: on Debian or Ubuntu, "
+                    "`apt-get install chromium chromium-driver`")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000",
+                 "--disable-dev-shm-usage", "--allow-file-access-from-files"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(driver), options=options)
+
+
+def _errors(browser) -> list[str]:
+    return [entry["message"] for entry in browser.get_log("browser")
+            if entry["level"] == "SEVERE"]
+
+
+def test_the_site_sorts_filters_and_opens_an_entry_with_its_heatmap(tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    results = tmp_path / "results"
+    for method, seed, acc in [("sft", 0, 0.5), ("sft", 1, 0.7), ("grpo", 0, 0.8),
+                              ("sdpo", 0, 0.2)]:
+        _write(results, f"{method}-s{seed}", _result(tmp_path, method, seed, acc))
+    site = tmp_path / "site"
+    build([results], site)
+    browser = _browser()
+    try:
+        browser.get((site / "index.html").as_uri())
+        table = browser.find_element(By.CSS_SELECTOR, "table.board")
+
+        def methods() -> list[str]:
+            return [row.find_elements(By.TAG_NAME, "td")[1].text
+                    for row in table.find_elements(By.CSS_SELECTOR, "tbody tr")
+                    if row.is_displayed()]
+
+        assert methods() == ["grpo", "sft", "sdpo"]  # ranked by ACC
+        headers = {h.text.split()[0]: h for h in table.find_elements(By.TAG_NAME, "th")}
+        headers["acc"].click()  # a metric where higher is better: best first
+        assert methods() == ["grpo", "sft", "sdpo"]
+        headers["acc"].click()  # again: the other way
+        assert methods() == ["sdpo", "sft", "grpo"]
+        headers["forgetting"].click()  # lower is better: best (lowest) first
+        assert methods() == ["sdpo", "sft", "grpo"]
+        headers["method"].click()
+        assert methods() == ["grpo", "sdpo", "sft"]
+        browser.find_element(By.CSS_SELECTOR, "input.filter").send_keys("sft")
+        assert methods() == ["sft"]
+        assert _errors(browser) == []
+        browser.find_element(By.LINK_TEXT, "sft").click()
+        assert "sft on smoke" in browser.title
+        heatmap = browser.find_element(By.CSS_SELECTOR, "figure.heatmap svg")
+        assert heatmap.size["width"] > 100 and heatmap.size["height"] > 50
+        assert browser.find_elements(By.CSS_SELECTOR, "figure.curves svg")
+        assert "2 seed(s): 0, 1" in browser.find_element(By.TAG_NAME, "h2").text
+        browser.find_element(By.LINK_TEXT, "results.json").click()  # a raw file opens
+        assert '"schema_version"' in browser.page_source
+        browser.back()
+        browser.find_element(By.PARTIAL_LINK_TEXT, "smoke").click()  # back to the index
+        browser.find_element(By.LINK_TEXT, "compare them").click()
+        assert len(browser.find_elements(By.CSS_SELECTOR, "figure.curves svg")) >= 2
+        assert _errors(browser) == []
+    finally:
+        browser.quit()
