@@ -156,3 +156,29 @@ def test_a_folder_of_other_files_is_not_overwritten(tmp_path: Path) -> None:
     assert (mine / "notes.txt").read_text() == "keep me"
     missing = CliRunner().invoke(cli, ["leaderboard", "serve", str(tmp_path / "results")])
     assert missing.exit_code == 2 and "no index.html" in missing.output
+
+
+def test_the_preview_server_serves_the_site(tmp_path: Path) -> None:
+    import threading
+    import urllib.request
+
+    from clbench.errors import UserError
+    from clbench.leaderboard.site import preview_server
+
+    results = tmp_path / "results"
+    _write(results, "sft-s0", _result(tmp_path, "sft", 0, 0.5))
+    build([results], tmp_path / "site")
+    server = preview_server(tmp_path / "site", port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        with urllib.request.urlopen(f"http://{host}:{port}/index.html") as response:
+            assert response.status == 200 and b"clbench leaderboard" in response.read()
+        with urllib.request.urlopen(f"http://{host}:{port}/leaderboard.json") as response:
+            assert json.loads(response.read())["suites"][0]["entries"][0]["label"] == "sft"
+        with pytest.raises(UserError, match=f"cannot serve on port {port}"):
+            preview_server(tmp_path / "site", port=port)  # taken
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -88,3 +88,31 @@ def test_the_site_sorts_filters_and_opens_an_entry_with_its_heatmap(tmp_path: Pa
         assert _errors(browser) == []
     finally:
         browser.quit()
+
+
+def test_the_published_board_builds_and_every_page_opens_cleanly(tmp_path: Path) -> None:
+    """`clbench leaderboard build leaderboard/results --out site`, as the Pages workflow runs it
+    (strict: every published file validates), then every page in the browser."""
+    from click.testing import CliRunner
+    from selenium.webdriver.common.by import By
+
+    from clbench.cli import cli
+
+    published = Path(__file__).resolve().parent.parent / "leaderboard" / "results"
+    site = tmp_path / "site"
+    built = CliRunner().invoke(cli, ["leaderboard", "build", str(published), "--out", str(site),
+                                     "--strict"], env={"COLUMNS": "200"})
+    assert built.exit_code == 0, built.output
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) >= 4
+    browser = _browser()
+    try:
+        for page in pages:
+            browser.get(page.as_uri())
+            assert browser.find_element(By.CSS_SELECTOR, "header a.home").text == \
+                "clbench leaderboard"
+            if page.parent.name == "entries":
+                assert browser.find_element(By.CSS_SELECTOR, "figure.heatmap svg")
+            assert _errors(browser) == [], page
+    finally:
+        browser.quit()

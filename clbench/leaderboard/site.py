@@ -170,8 +170,9 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
-def serve(site: str | Path, port: int = 8000) -> None:
-    """Serve `site` on http://127.0.0.1:`port` until interrupted."""
+def preview_server(site: str | Path, port: int = 8000) -> Any:
+    """An HTTP server of `site` on 127.0.0.1:`port` (0: any free port), not yet serving; its
+    `server_address` says where. A port in use is a UserError."""
     import functools
     import http.server
 
@@ -179,6 +180,20 @@ def serve(site: str | Path, port: int = 8000) -> None:
     if not (site / "index.html").is_file():
         raise UserError(f"{site}: no index.html (build the site with `clbench leaderboard build "
                         "RESULTS --out SITE` first)")
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # one line per request: noise
+            return None
+
+    handler = functools.partial(Quiet, directory=str(site))
+    try:
+        return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as exc:
+        raise UserError(f"cannot serve on port {port}: {exc.strerror}; choose another with "
+                        "--port") from None
+
+
+def serve(site: str | Path, port: int = 8000) -> None:
+    """Serve `site` on http://127.0.0.1:`port` until interrupted."""
+    with preview_server(site, port) as server:
         server.serve_forever()

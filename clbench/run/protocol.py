@@ -91,6 +91,7 @@ from clbench.run.stages import keep_trained_stage, train_stage, trained_report
 from clbench.seeding import derive_seed, seed_everything
 from clbench.spec.schema import RunSpec
 from clbench.tasks.base import TaskSizeError
+from clbench.train.cpu import release_free_memory
 
 if TYPE_CHECKING:
     from clbench.run.estimate import RunEstimate
@@ -415,6 +416,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                 if main:
                     write_results(run_dir / RESULTS_FILENAME, result)
                 dist.wait()
+                release_free_memory()  # before the next stage allocates its optimizer state
                 progress.advance(stages_bar)
                 log.info("stage %d (%s) done", stage, spec.name)
                 if result.status == "collapsed":

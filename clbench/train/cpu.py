@@ -60,3 +60,23 @@ def use_cpu_share(processes_on_node: int = 1) -> int:
     if threads is not None and threads != torch.get_num_threads():
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def release_free_memory() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's `malloc_trim`); False where
+    there is no glibc. A stage frees its optimizer state and the diagnostics their transient
+    copies, in blocks of a few megabytes that glibc keeps in its heap: without this the next
+    stage's allocations land beside them and the process's resident memory climbs stage after
+    stage (docs/performance.md measures it)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return False
+    trim(0)
+    return True
