@@ -182,3 +182,18 @@ def test_the_preview_server_serves_the_site(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_collapsed_seed_is_ranked_with_its_rows_and_flagged(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    _write(results, "grpo-s0", _result(tmp_path, "grpo", 0, 0.6))
+    collapsed = _result(tmp_path, "grpo", 1, 0.0, status="collapsed")
+    collapsed.matrix, collapsed.row_labels = collapsed.matrix[:2], collapsed.row_labels[:2]
+    _write(results, "grpo-s1", collapsed)
+    data, _ = build([results], tmp_path / "site")
+    (entry,) = data["suites"][0]["entries"]
+    assert entry["n"] == 2 and entry["flags"]["collapsed"] is True
+    assert entry["matrix"]["rows"] == ["base", "after math", "after science"]
+    assert entry["matrix"]["mean"][1][0] == pytest.approx(0.3)  # both seeds
+    assert entry["matrix"]["mean"][2][0] == pytest.approx(0.6)  # the seed that got there
+    assert 'class="flag bad">collapse' in (tmp_path / "site" / "index.html").read_text()

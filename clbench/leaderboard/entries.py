@@ -96,11 +96,12 @@ def _mean(values: Sequence[Any]) -> float | None:
 
 def _matrix(runs: Sequence[RunResult]) -> dict[str, Any]:
     first = runs[0]
-    rows = max(len(r.matrix) for r in runs)
+    longest = max(runs, key=lambda r: len(r.matrix))  # a collapsed seed stops early
+    rows = len(longest.matrix)
     cells = [[summarise(r.matrix[i][j].score if i < len(r.matrix) and r.matrix[i][j] is not None
                         else None for r in runs)
               for j in range(len(first.columns))] for i in range(rows)]
-    return {"rows": list(first.row_labels[:rows]) or [f"row {i}" for i in range(rows)],
+    return {"rows": list(longest.row_labels) or [f"row {i}" for i in range(rows)],
             "columns": [{"name": c.name, "kind": c.kind, "stage": c.stage}
                         for c in first.columns],
             "mean": [[c.mean for c in row] for row in cells],
@@ -181,11 +182,11 @@ def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[s
     hardware = sorted({(r.compute.device or "unrecorded").split(":")[0] for r in results})
     tokens = [sum(r.compute.tokens.values()) for r in results]
     diagnostics = _diagnostics(results)
+    settings = settings_in_force(first)
     return {
         "id": _slug(suite, model_name(first), label), "suite": suite, "label": label,
         "method": first.method.name, "model": model_name(first),
-        "settings": settings_in_force(first) if settings_in_force(first) is not None
-        else first.method.config,
+        "settings": settings if settings is not None else first.method.config,
         "seeds": [r.seed for r in results], "n": len(results), "metrics": metrics,
         "matrix": _matrix(results), "diagnostics": diagnostics,
         "diagnosed": any(r.stages and any(s.diagnostics for s in r.stages) for r in results),
