@@ -85,7 +85,7 @@ def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: R
         uniforms = None if sampling.greedy else torch.rand(rows, device=logits.device,
                                                            dtype=torch.float64)
         tokens = pick_tokens(logits, sampling, None if uniforms is None else uniforms[live])
-        if entropy is not None:
+        if entropy is not None and not sampling.greedy:  # greedy: 0 (evaluation's hot path)
             for row, h in zip(live, sampler_entropy(logits, sampling).tolist()):
                 entropy[row] += h
         going = []
