@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import UserError
-from clbench.metrics.aggregate import SeedSummary, seed_interval, summarise
+from clbench.metrics.aggregate import SeedSummary, mean_of_numbers, seed_interval, summarise
 from clbench.report.comparison import comparison_groups, metric_order, settings_in_force
 from clbench.results import RunResult, read_results
 
@@ -90,10 +90,6 @@ def _summary_dict(summary: SeedSummary) -> dict[str, Any]:
             "high": interval[1] if interval else None}
 
 
-def _mean(values: Sequence[Any]) -> float | None:
-    return summarise(v for v in values if isinstance(v, (int, float))).mean
-
-
 def _matrix(runs: Sequence[RunResult]) -> dict[str, Any]:
     first = runs[0]
     longest = max(runs, key=lambda r: len(r.matrix))  # a collapsed seed stops early
@@ -118,16 +114,21 @@ def _diagnostics(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
         amplified = sorted({f"{column}: {pattern}" for x in d
                             for column, report in x.get("artifacts", {}).items()
                             for pattern in report.get("amplified", [])})
+        def mean(*path: str, d: list[dict[str, Any]] = d) -> float | None:
+            values = []
+            for x in d:
+                for key in path:
+                    x = x.get(key, {}) if isinstance(x, dict) else {}
+                values.append(x)
+            return mean_of_numbers(values)
+
         out.append({
             "stage": records[0].index, "name": records[0].name,
-            "nss_vs_base": _mean([x.get("weight_drift", {}).get("vs_base", {}).get("all", {})
-                                  .get("nss") for x in d]),
-            "angle_vs_base": _mean([x.get("weight_drift", {}).get("vs_base", {}).get("all", {})
-                                    .get("max_principal_angle") for x in d]),
-            "response_kl": _mean([x.get("response_drift", {}).get("kl") for x in d]),
-            "edit_similarity": _mean([x.get("response_drift", {}).get("edit_similarity")
-                                      for x in d]),
-            "rollout_entropy": _mean([x.get("rollouts", {}).get("entropy_last") for x in d]),
+            "nss_vs_base": mean("weight_drift", "vs_base", "all", "nss"),
+            "angle_vs_base": mean("weight_drift", "vs_base", "all", "max_principal_angle"),
+            "response_kl": mean("response_drift", "kl"),
+            "edit_similarity": mean("response_drift", "edit_similarity"),
+            "rollout_entropy": mean("rollouts", "entropy_last"),
             "collapsed_seeds": sum(bool(x.get("collapse")) for x in d),
             "amplified": amplified,
         })
@@ -193,7 +194,7 @@ def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[s
         "flags": {"collapsed": any(r.status == "collapsed" for r in results)
                   or any(d["collapsed_seeds"] for d in diagnostics),
                   "amplified": any(d["amplified"] for d in diagnostics)},
-        "compute": {"tokens": _mean(tokens), "wall_time_s": _mean(
+        "compute": {"tokens": mean_of_numbers(tokens), "wall_time_s": mean_of_numbers(
                         [r.compute.wall_time_s or None for r in results]),
                     "hardware": hardware, "peak_memory_bytes": max(
                         (r.compute.peak_memory_bytes or 0 for r in results), default=0) or None},

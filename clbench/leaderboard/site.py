@@ -26,6 +26,7 @@ from clbench.errors import UserError
 from clbench.leaderboard import plots
 from clbench.leaderboard.entries import INDEX_METRICS, METRIC_HELP, board, find_results
 from clbench.metrics.aggregate import format_value
+from clbench.report.comparison import format_gib
 
 #: The file that marks a folder as a site this command wrote (and may replace).
 DATA_FILE = "leaderboard.json"
@@ -56,16 +57,12 @@ def _count(value: Any) -> str:
     return f"{value:.0f}"
 
 
-def _gib(size: Any) -> str:
-    return "—" if not size else f"{size / 2**30:.1f} GiB"
-
-
 def _environment() -> Any:
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
     env = Environment(loader=FileSystemLoader(str(_templates() / "templates")), autoescape=True,
                       undefined=StrictUndefined, keep_trailing_newline=True)
-    env.globals.update(fmt=_fmt, clock=_clock, count=_count, gib=_gib, help=METRIC_HELP)
+    env.globals.update(fmt=_fmt, clock=_clock, count=_count, gib=format_gib, help=METRIC_HELP)
     return env
 
 

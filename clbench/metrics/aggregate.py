@@ -60,6 +60,13 @@ def summarise(values: Iterable[float | None]) -> SeedSummary:
     return SeedSummary(mean, std, len(defined), missing)
 
 
+def mean_of_numbers(values: Iterable[Any]) -> float | None:
+    """The mean of the values that are numbers (None, NaN and anything else left out); None
+    when there is none."""
+    return summarise(v for v in values
+                     if isinstance(v, (int, float)) and not isinstance(v, bool)).mean
+
+
 def aggregate_over_seeds(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, SeedSummary]]:
     """``{method: {metric: SeedSummary}}`` from run records.
 

@@ -13,6 +13,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from clbench.metrics.aggregate import mean_of_numbers
 from clbench.results import RunResult
 
 DRIFT_HEADERS = ("stage", "NSS vs base", "max angle vs base", "changed vs base",
@@ -48,11 +49,6 @@ def diagnostic_rows(result: RunResult) -> list[list[str]]:
     return rows
 
 
-def _mean(values: Sequence[Any]) -> float | None:
-    known = [float(v) for v in values if isinstance(v, (int, float))]
-    return sum(known) / len(known) if known else None
-
-
 def response_rows(result: RunResult) -> list[list[str]]:
     """Response drift on the probe prompts, the evaluation responses that never ended and their
     length against row 0 (means over task columns), and the rollouts' entropy (first -> last
@@ -69,8 +65,8 @@ def response_rows(result: RunResult) -> list[list[str]]:
             entropy = f"{_num(rollouts['entropy_first'])} → {_num(rollouts['entropy_last'])}"
         rows.append([f"{stage.index} {stage.name}", _num(responses.get("kl")),
                      _num(responses.get("edit_similarity")),
-                     _num(_mean([a.get("never_ended_share") for a in artifacts])),
-                     _num(_mean([a.get("length_inflation") for a in artifacts])), entropy,
+                     _num(mean_of_numbers([a.get("never_ended_share") for a in artifacts])),
+                     _num(mean_of_numbers([a.get("length_inflation") for a in artifacts])), entropy,
                      _num(rollouts.get("never_ended_share_last"))])
     return rows
 
