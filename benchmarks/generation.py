@@ -12,8 +12,14 @@ transformers' `model.generate` on the same batches. Evaluates the columns (greed
 decoding) and generates one step's rollouts of each stage of the same name (its prompts per step x
 samples per prompt, its temperature and token cap), both ways.
 
+`--compare engine`: the decode loop against the `static` engine (`model.generation: static`:
+transformers' `generate` over a static KV cache, whose decoding step it compiles with CUDA graphs
+on a GPU); the same jobs as `--compare loop`. On a GPU the first repeat of the static engine
+pays the compilation; the median leaves it out.
+
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare loop --columns math,tool_use --n 32
+    python benchmarks/generation.py starter --compare engine --device cuda --n 100
 
 Prints seconds for each way (median [min-max] of the repeats), the ratio, and how many
 completions are identical.
@@ -35,9 +41,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
-    ap.add_argument("--compare", choices=("cast", "loop"), default="cast",
+    ap.add_argument("--compare", choices=("cast", "loop", "engine"), default="cast",
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
-                         "model.generate in evaluation and rollouts")
+                         "model.generate in evaluation and rollouts; engine: the decode loop "
+                         "against the static-cache engine, the same jobs")
     ap.add_argument("--columns", default="math,tool_use",
                     help="comma-separated task columns (and, for --compare loop, stages)")
     ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
@@ -55,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{suite.model.name} runs in {dist.precision.label} here (no autocast): no casts "
               "to compare", file=sys.stderr)
         return 1
-    compare = compare_cast if args.compare == "cast" else compare_loop
+    compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -79,13 +86,14 @@ def compare_cast(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
         eval_jobs(suite, model, tokenizer, args)
 
 
-def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
-              ) -> list[tuple[str, Any]]:
-    """Each column's first `--n` eval items, evaluated as a run evaluates them."""
+def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,
+              generate: Any = None) -> list[tuple[str, Any]]:
+    """Each column's first `--n` eval items, evaluated as a run evaluates them (with
+    `generate`, by default the run's)."""
     from clbench.eval.column import make_generate_fn
 
     decoding = suite.protocol.decoding
-    generate = make_generate_fn(model, tokenizer, decoding)
+    generate = generate or make_generate_fn(model, tokenizer, decoding)
     return [(f"eval {column} ({len(items)} items)",
              lambda column=column, task=task, items=items: completions(
                  column, task, items, generate, decoding.batch_size))
@@ -95,15 +103,48 @@ def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
 def compare_loop(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
                  ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """Evaluation and one step's rollouts with clbench's decode loop / `model.generate`."""
-    from clbench.plugins.registry import build_task
     from clbench.train import decoding
-    from clbench.train.rollout import HFGenerator, SamplingParams
+    from clbench.train.rollout import HFGenerator
 
     # without a cache the generator can run, it falls back to `model.generate`
     decode_loop, model_generate = swapped(decoding, "attention_cache", lambda _model, **_: None)
+    jobs = eval_jobs(suite, model, tokenizer, args)
+    for name, prompts, params in rollout_inputs(suite, args):
+        generator = HFGenerator(model, tokenizer, batch_size=len(prompts) * params.n)
+        jobs.append((name, lambda prompts=prompts, params=params, generator=generator:
+                     [r.text for r in generator.generate(prompts, params)]))
+    return {"decode loop": decode_loop, "model.generate": model_generate}, jobs
+
+
+def compare_engine(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                   ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Evaluation and one step's rollouts with the decode loop / the static-cache engine."""
+    from clbench.eval.column import make_generate_fn
+    from clbench.train.rollout import GENERATION_ENGINES, HFGenerator
+
+    engine = {"now": "loop"}
+    ways = {"decode loop": lambda: engine.update(now="loop"),
+            "static cache": lambda: engine.update(now="static")}
+    generate = {e: make_generate_fn(model, tokenizer, suite.protocol.decoding, engine=e)
+                for e in GENERATION_ENGINES}
+    jobs = eval_jobs(suite, model, tokenizer, args,
+                     generate=lambda prompts: generate[engine["now"]](prompts))
+    for name, prompts, params in rollout_inputs(suite, args):
+        generators = {e: HFGenerator(model, tokenizer, batch_size=len(prompts) * params.n,
+                                     engine=e) for e in GENERATION_ENGINES}
+        jobs.append((name, lambda prompts=prompts, params=params, generators=generators:
+                     [r.text for r in generators[engine["now"]].generate(prompts, params)]))
+    return ways, jobs
+
+
+def rollout_inputs(suite: Any, args: argparse.Namespace) -> list[tuple[str, Any, Any]]:
+    """`(job name, prompts, sampling)` of one training step of each stage named in
+    `--columns`: its prompts per step, samples per prompt, temperature and token cap."""
+    from clbench.plugins.registry import build_task
+    from clbench.train.rollout import SamplingParams
 
     stages = {s.name: s for s in suite.stages}
-    jobs = eval_jobs(suite, model, tokenizer, args)
+    out = []
     for column in args.columns.split(","):
         if column not in stages:
             continue
@@ -111,13 +152,10 @@ def compare_loop(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
         budget = stage.budget
         examples = build_task(stage.task).examples("train", stage.task.seed,
                                                    budget.prompts_per_step)
-        prompts = [ex.messages for ex in examples]
         params = SamplingParams.from_budget(budget, seed=0)
-        generator = HFGenerator(model, tokenizer, batch_size=len(prompts) * params.n)
-        jobs.append((f"rollouts {column} ({len(prompts)} x {params.n})",
-                     lambda prompts=prompts, params=params, generator=generator:
-                     [r.text for r in generator.generate(prompts, params)]))
-    return {"decode loop": decode_loop, "model.generate": model_generate}, jobs
+        out.append((f"rollouts {column} ({len(examples)} x {params.n})",
+                    [ex.messages for ex in examples], params))
+    return out
 
 
 def time_ways(ways: dict[str, Any], generate: Any, repeats: int) -> dict[str, Any]:

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The GPU check, in three phases (all by default):
+# The GPU check, in four phases (all by default):
 #   smoke    every built-in method through the smoke suite on the GPU (plumbing, tiny model);
+#   engine   the decode loop against the static-cache engine (`model.generation: static`,
+#            transformers' generate with its decoding step compiled into CUDA graphs) on the
+#            embedded model: evaluation of the starter's task columns and one step's rollouts;
 #   steps    seconds per step of each method on the embedded model: bf16 autocast over fp32
 #            weights (the default), bf16 weights, fp32;
 #   starter  the starter grid (5 methods x 2 seeds) as one `clbench sweep --jobs`, runs sharing
 #            the GPU, then the comparison table. A small model on a big GPU is bound by kernel
 #            launches, so runs side by side use the GPU far better than one after another.
 #
-#   benchmarks/gpu_check.sh OUT_DIR [smoke,steps,starter]
+#   benchmarks/gpu_check.sh OUT_DIR [smoke,engine,steps,starter]
 #
 # Environment: PYTHON (default python3), DEVICE (default cuda), STARTER_SUITE (default starter),
 # STARTER_TIMEOUT (seconds for the whole grid, default 3600), STARTER_SEEDS (default "0 1"), STARTER_SETS
@@ -17,7 +20,7 @@
 # precisions, comma-separated, default "bfloat16,bfloat16 --no-mixed,float32").
 set -uo pipefail
 OUT=${1:-runs/gpu-check}
-PHASES=${2:-smoke,steps,starter}
+PHASES=${2:-smoke,engine,steps,starter}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 read -r -a METHODS <<<"${METHODS:-sft grpo sdpo sdpo-cot stable-sdpo}"
@@ -55,6 +58,12 @@ if [[ $PHASES == *smoke* ]]; then
     done
     wait
     for m in "${METHODS[@]}"; do echo "smoke $m: $(status_of "$OUT/smoke/$m")"; done
+fi
+
+if [[ $PHASES == *engine* ]]; then
+    echo "== decode loop against the static-cache engine on $DEVICE"
+    "$PY" benchmarks/generation.py "${STARTER_SUITE:-starter}" --compare engine \
+        --device "$DEVICE" --columns math,science,tool_use --n 100 | tee "$OUT/engine.md"
 fi
 
 if [[ $PHASES == *steps* ]]; then

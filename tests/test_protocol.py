@@ -338,3 +338,25 @@ def test_diagnostics_in_the_old_list_form_are_refused_with_the_new_form(tmp_path
     assert CliRunner().invoke(cli, ["validate", str(suite)]).exit_code == 0
 
 
+
+
+def test_a_run_on_the_static_cache_engine_scores_row_0_as_the_decode_loop(tmp_path: Path
+                                                                         ) -> None:
+    from clbench.cli import cli
+    from clbench.eval.column import read_records, records_path
+
+    rows = {}
+    for engine in ("loop", "static"):
+        out = tmp_path / engine
+        res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "grpo", "--out",
+                                       str(out), "--device", "cpu", "--no-base-cache", "--set",
+                                       f"model.generation={engine}"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        result = read_results(out / "results.json")
+        assert result.status == "complete" and result.model.spec["generation"] == engine
+        # the rollouts came from the engine too: transformers' generate measures no entropy
+        assert ("rollout_entropy" in result.stages[0].summary) == (engine == "loop")
+        rows[engine] = {column.name: [(r.completion, r.correct)
+                                 for r in read_records(records_path(out, 0, column.name))]
+                        for column in result.columns}
+    assert rows["static"] == rows["loop"]  # greedy: the same tokens on the same weights

@@ -289,3 +289,20 @@ def test_each_rollout_carries_the_samplers_entropy_per_generated_token(model_and
     assert torch.isfinite(torch.tensor([r.metadata["entropy"] for r in rollouts])).all()
     greedy_rollouts = HFGenerator(model, tok).generate(PROMPTS, greedy(4))
     assert rollout_entropy(greedy_rollouts) == {"rollout_entropy": 0.0}
+
+
+def test_the_static_cache_engine_gives_the_decode_loops_greedy_tokens(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    params = SamplingParams(n=2, temperature=0.0, max_new_tokens=10, stop=("ab",),
+                            prompt_max_new_tokens=[10, 4, 7])
+    loop = HFGenerator(model, tok, batch_size=4).generate(PROMPTS, params)
+    static = HFGenerator(model, tok, batch_size=4, engine="static").generate(PROMPTS, params)
+    assert [r.completion_ids for r in static] == [r.completion_ids for r in loop]
+    assert [r.text for r in static] == [r.text for r in loop]
+    assert [r.num_tokens for r in static] == [r.num_tokens for r in loop]  # caps, stops
+    sampled = HFGenerator(model, tok, batch_size=4, engine="static").generate(
+        PROMPTS, SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=1))
+    assert len(sampled) == 6 and all(0 < r.num_tokens <= 6 for r in sampled)
+    assert all("entropy" not in r.metadata for r in sampled)  # generate measures none
+    with pytest.raises(ValueError, match="engine must be one of loop, static"):
+        HFGenerator(model, tok, engine="compiled")

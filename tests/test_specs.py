@@ -257,6 +257,17 @@ def test_content_hash_ignores_key_order_and_sees_content(write_suite) -> None:
     assert a.content_hash().startswith("sha256:") and len(a.content_hash()) == 7 + 64
 
 
+def test_the_generation_engine_is_not_part_of_what_a_suite_measures(write_suite) -> None:
+    text = "name: t\nstages: [{name: a, budget: {steps: 1, lr: 0.1}, task: {source: s}}]\n"
+    plain = load_suite(write_suite(text, name="a.yaml"))
+    static = load_suite(write_suite(text + "model: {generation: static}\n", name="b.yaml"))
+    half = load_suite(write_suite(text + "model: {dtype: float16}\n", name="c.yaml"))
+    assert static.model.generation == "static"
+    assert static.content_hash() == plain.content_hash() != half.content_hash()
+    with pytest.raises(SpecError, match="generation"):
+        load_suite(write_suite(text + "model: {generation: compiled}\n", name="d.yaml"))
+
+
 def test_suite_found_by_name_through_the_search_path(write_suite, monkeypatch) -> None:
     path = write_suite(name="mine.yaml")
     monkeypatch.setenv("CLBENCH_SUITE_PATH", str(path.parent))

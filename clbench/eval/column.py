@@ -134,13 +134,14 @@ def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples
 
 
 def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
-                     seed: int = 0) -> GenerateFn:
+                     seed: int = 0, engine: str = "loop") -> GenerateFn:
     """A generation function for evaluation with the protocol's decoding.
 
     Prompts go through the engine's generator (the same chat encoding, EOS handling and padding
     as training rollouts), one completion each. Greedy decoding (temperature 0) ignores ``seed``;
     sampled evaluation is seeded so a row is reproducible: the n-th call samples with a seed
     derived from (``seed``, n), so the batches of a column draw different random numbers.
+    ``engine``: the generator's (:data:`clbench.train.rollout.GENERATION_ENGINES`).
     """
     import dataclasses
     import itertools
@@ -148,7 +149,7 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
     from clbench.seeding import derive_seed
     from clbench.train.rollout import HFGenerator, SamplingParams
 
-    generator = HFGenerator(model, tokenizer, batch_size=decoding.batch_size)
+    generator = HFGenerator(model, tokenizer, batch_size=decoding.batch_size, engine=engine)
     params = SamplingParams.from_decoding(decoding, seed=seed)
     calls = itertools.count()
 

@@ -275,7 +275,9 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
                   + ("  [bold]joint reference run[/]" if run.joint else ""), soft_wrap=True)
     model = run.model
     console.print(f"[bold]model[/] {escape(model.name)} (dtype {model.dtype}"
-                  + (f", revision {escape(model.revision)}" if model.revision else "") + ")")
+                  + (f", revision {escape(model.revision)}" if model.revision else "")
+                  + (f", generation {model.generation}" if model.generation != "loop" else "")
+                  + ")")
 
     stages = Table(title="stages", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                    collapse_padding=True,

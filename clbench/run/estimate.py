@@ -169,7 +169,8 @@ def _column_cost(cal: Calibration, plan: ColumnPlan) -> ColumnCost:
     batch = middle_batch(plan.examples, decoding.batch_size,
                          lambda ex: len(encode_chat(cal.tokenizer, ex.messages)))
     cal.on_step(f"evaluation batch of {plan.name}")
-    generate = make_generate_fn(cal.model, cal.tokenizer, decoding)
+    generate = make_generate_fn(cal.model, cal.tokenizer, decoding,
+                                engine=cal.run.model.generation)
     started = time.perf_counter()
     with cal.dist.autocast():
         evaluate_column(plan.name, plan.task, batch, generate, batch_size=len(batch) or 1,
@@ -198,7 +199,8 @@ def _stage_cost(cal: Calibration, index: int, spec: Any, task: TaskSource,
         ctx = StageContext(model=student, tokenizer=cal.tokenizer, task=task,
                            train_examples=examples, budget=budget, stage_index=index,
                            stage_name=spec.name, seed=cal.run.seed, device=cal.dist.device,
-                           work_dir=Path(work), dist=cal.dist, save_progress=measure_progress)
+                           work_dir=Path(work), dist=cal.dist, save_progress=measure_progress,
+                           generation=cal.run.model.generation)
         report = method.train_stage(ctx)
     # the second step: the first also pays the stage's setup (a teacher's copy, the optimizer)
     seconds = float(report.steps[-1]["seconds"])

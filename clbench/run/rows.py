@@ -152,7 +152,8 @@ def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
             # Seeded per column (and share): a column sampled after a resume that skipped the
             # columns before it draws what it would have drawn.
             generate = make_generate_fn(model, tokenizer, decoding,
-                                        seed=derive_seed(run.seed, row, "eval", plan.name, first))
+                                        seed=derive_seed(run.seed, row, "eval", plan.name, first),
+                                        engine=run.model.generation)
             cell = evaluate_column(plan.name, plan.task, examples, generate,
                                    batch_size=decoding.batch_size,
                                    bootstrap_samples=0 if sharded else boot,  # after the gather

@@ -85,7 +85,8 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
         model=model, tokenizer=tokenizer, task=task, train_examples=train_examples,
         budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
         device=dist.device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
-        dist=dist, train_model=train_model, save_progress=save_progress, resume=resume)
+        dist=dist, train_model=train_model, save_progress=save_progress, resume=resume,
+        generation=run.model.generation)
     stage_ctx.work_dir.mkdir(parents=True, exist_ok=True)
     report = method.train_stage(stage_ctx)
     check_stage_report(run.method.name, stage, total, report)

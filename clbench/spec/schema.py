@@ -280,17 +280,22 @@ class ModelSpec(Spec):
         default=True, description="Keep fp32 master weights and autocast forwards to `dtype` "
         "(when it is 16-bit); false stores the weights in `dtype` itself (half the memory, but "
         "updates below its resolution are lost).")
+    generation: Literal["loop", "static"] = Field(
+        default="loop", description="How rollouts and evaluation decode: `loop`, clbench's decode "
+        "loop (ended rows leave the batch, a prompt's samples share its prefill: the fast path on "
+        "a CPU); `static`, transformers' `generate` over a static KV cache, whose decoding step "
+        "it compiles with CUDA graphs on a GPU (where a small model is bound by kernel launches). "
+        "Greedy tokens match uncompiled; sampled draws differ.")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag, commit).")
     trust_remote_code: bool = Field(default=False, description="Allow code from the model "
                                     "repository to run; only set for repositories you trust.")
 
 
-#: Suite fields that do not change what a run measures (left out of its hash and identity):
-#: the prose, and the per-method settings, which reach a run through its method config (where
-#: they are recorded and compared) and must not make another suite of every other method's runs.
 #: What a suite's content hash leaves out: prose, the per-method settings (a run's method config
-#: records those in force) and the diagnostics (they measure R, they do not change it).
+#: records those in force), the diagnostics (they measure R, they do not change it) and the
+#: generation engine (the same greedy tokens; like the device, how a machine runs the suite).
 MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True,
+                                     "model": {"generation": True},
                                      "protocol": {"diagnostics": True}}
 
 

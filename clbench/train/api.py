@@ -103,6 +103,7 @@ class StageContext:
     # `step` too), else None. A method must continue from it (`restore_loop` empties it; a
     # stage given back and left untouched is an error).
     resume: dict[str, Any] | None = None
+    generation: str = "loop"               # the generator's engine (`ModelSpec.generation`)
 
     def __post_init__(self) -> None:
         if self.dist is None:

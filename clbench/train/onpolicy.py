@@ -219,7 +219,8 @@ class OnPolicyTrainer(StepHooks):
         local_prompts = len(rank_share(range(budget.prompts_per_step), 0, world, ctx.stage_name))
         rollouts_per_batch = local_prompts * budget.samples_per_prompt
         self.generator = generator or HFGenerator(
-            ctx.model, ctx.tokenizer, batch_size=generation_batch_size or rollouts_per_batch)
+            ctx.model, ctx.tokenizer, batch_size=generation_batch_size or rollouts_per_batch,
+            engine=ctx.generation)
         self.loop = TrainingLoop(ctx, settings, self)
         self.clock, self.counters = self.loop.clock, self.loop.counters
         self.optimizer, self.lr = self.loop.optimizer, self.loop.lr

@@ -157,16 +157,33 @@ class Generator(ABC):
         each prompt's cap (:meth:`SamplingParams.cap_of`)."""
 
 
+#: How :class:`HFGenerator` decodes (`ModelSpec.generation`): `loop`, clbench's decode loop
+#: (:mod:`clbench.train.decoding`); `static`, transformers' `generate` over a static KV cache,
+#: whose decoding step transformers compiles (`torch.compile`, CUDA graphs) on a GPU.
+GENERATION_ENGINES = ("loop", "static")
+
+
 class HFGenerator(Generator):
-    """`transformers` models: batches of `batch_size` sequences, left padded, KV cache."""
+    """`transformers` models: batches of `batch_size` sequences, left padded, KV cache.
+
+    `engine` (:data:`GENERATION_ENGINES`): the decode loop drops ended rows and shares a
+    prompt's prefill among its samples, which is what a CPU needs; a small model on a GPU is
+    bound by kernel launches instead, which a static cache lets transformers capture once
+    (fixed shapes: every row decodes until the batch ends). Greedy tokens are the same on the
+    same weights and dtype uncompiled; sampled draws differ between the engines, and `static`
+    measures no rollout entropy."""
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 batch_size: int = 16) -> None:
+                 batch_size: int = 16, engine: str = "loop") -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if engine not in GENERATION_ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(GENERATION_ENGINES)}, "
+                             f"got {engine!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.engine = engine
 
     def eos_token_ids(self) -> set[int]:
         """Every id that ends a completion: the tokenizer's EOS and the model's configured ones."""
@@ -233,8 +250,8 @@ class HFGenerator(Generator):
         """Generated ids per row, ending at the token that ended it (the caller trims at EOS
         and stop strings); `row_prompts`: each row's prompt index (a prompt's samples share
         it). The decode loop of :mod:`clbench.train.decoding` (which adds each row's summed
-        token entropies to `entropy`), or `generate` for a model whose cache it cannot run
-        (which measures none: `entropy` becomes NaN)."""
+        token entropies to `entropy`), or `generate` for the `static` engine and for a model
+        whose cache the loop cannot run (which measures none: `entropy` becomes NaN)."""
         import torch
 
         pad_id = self.tokenizer.pad_token_id
@@ -247,7 +264,8 @@ class HFGenerator(Generator):
         device = self.model.device
         input_ids, attention = input_ids.to(device), attention.to(device)
         stops = decoding.StopScanner(self.tokenizer, params.stop) if params.stop else None
-        cache = decoding.attention_cache(self.model, capacity=width + max(row_caps))
+        cache = None if self.engine == "static" else decoding.attention_cache(
+            self.model, capacity=width + max(row_caps))
         with torch.no_grad():
             if cache is not None:
                 plan = decoding.RowPlan(row_prompts, row_caps, frozenset(eos_ids), stops)
@@ -261,8 +279,8 @@ class HFGenerator(Generator):
     def _generate_with_transformers(self, input_ids: torch.Tensor, attention: torch.Tensor,
                                     params: SamplingParams, eos_ids: set[int],
                                     row_caps: list[int], stops: Any) -> list[list[int]]:
-        """`model.generate`, for models with recurrent layers or their own cache: every row
-        decodes until the batch ends, each sample prefills its prompt."""
+        """`model.generate` (the `static` engine, and models with recurrent layers or their
+        own cache): every row decodes until the batch ends, each sample prefills its prompt."""
         from transformers import GenerationConfig, StoppingCriteriaList
 
         width = input_ids.shape[1]
@@ -274,7 +292,8 @@ class HFGenerator(Generator):
             temperature=params.temperature if not params.greedy else None,
             top_p=params.top_p if not params.greedy else None, top_k=0 if not params.greedy
             else None, eos_token_id=sorted(eos_ids) or None,
-            pad_token_id=self.tokenizer.pad_token_id, bos_token_id=None, use_cache=True)
+            pad_token_id=self.tokenizer.pad_token_id, bos_token_id=None, use_cache=True,
+            cache_implementation="static" if self.engine == "static" else None)
         criteria = StoppingCriteriaList()
         if stops is not None:
             criteria.append(StopStringCriteria(stops, width))
