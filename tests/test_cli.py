@@ -100,10 +100,10 @@ def test_validate_ok_and_errors(write_suite, fake_plugins) -> None:
     assert result.exit_code == 2
     assert "Traceback" not in result.output
     assert f"OK   {good}" in result.stdout
-    assert f"FAIL {bad}\n{bad}: stages[0].budget.steps: Input should be greater than or equal " \
-           "to 1" in result.stderr
-    assert f"{bad_params}: stages[0].task.params.level: Input should be less than or equal " \
-           "to 3" in result.stderr
+    assert f"FAIL {bad}\n{bad}: stages[0].budget.steps (line " in result.stderr
+    assert "): Input should be greater than or equal to 1" in result.stderr
+    assert f"{bad_params}: stages[0].task.params.level (line 3, column 61): Input should be " \
+           "less than or equal to 3" in result.stderr
 
 
 def test_validate_refuses_python_tags(write_suite, tmp_path: Path) -> None:

@@ -116,8 +116,9 @@ def test_build_run_spec_routes_and_validates(write_suite, fake_plugins) -> None:
     ("method.lr=-1", "method.lr: Input should be greater than 0"),
     ("method.lr=fast", "method.lr: Input should be a valid number"),
     ("method.gamma=1", "method.gamma: unknown field"),
-    ("model.dtype=int8", "model.dtype: Input should be 'auto', 'bfloat16', 'float32' or "
-                         "'float16'"),
+    ("model.dtype=int8", "model.dtype: Input should be 'auto', 'bfloat16' or 'float32'"),
+    ("model.dtype=float16", "model.dtype: float16 cannot be trained by clbench (fp16 needs "
+                            "loss scaling)"),
     ("stages[0].task.params.level=7", "stages[0].task.params.level: Input should be less than "
                                       "or equal to 3"),
 ])
@@ -138,7 +139,8 @@ def test_build_run_spec_unknown_method(write_suite, fake_plugins) -> None:
 
 def test_build_run_spec_checks_the_device(write_suite, fake_plugins) -> None:
     assert build_run_spec(write_suite(), "fake-method", device="cuda:1").device == "cuda:1"
-    with pytest.raises(SpecError, match=r"run: device: String should match pattern"):
+    with pytest.raises(SpecError, match=r"run: device: 'gpu' is not allowed here: expected "
+                                         r"auto, cpu, mps, cuda or cuda:N"):
         build_run_spec(write_suite(), "fake-method", device="gpu")
 
 

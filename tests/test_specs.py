@@ -47,8 +47,8 @@ def test_wrong_type_names_file_and_path(write_suite) -> None:
             budget: {steps: many}
         """)
     msg = error_of(path)
-    assert msg == f"{path}: stages[0].budget.steps: Input should be a valid integer, unable to " \
-                  "parse string as an integer"
+    assert msg == f"{path}: stages[0].budget.steps (line 5, column 21): Input should be a " \
+                  "valid integer, unable to parse string as an integer"
 
 
 def test_unknown_key_is_refused(write_suite) -> None:
@@ -59,8 +59,8 @@ def test_unknown_key_is_refused(write_suite) -> None:
             task: {source: fake.addition}
             budget: {steps: 1, step_size: 3}
         """)
-    assert error_of(path) == (f"{path}: stages[0].budget.step_size: unknown field (check the "
-                              "spelling; `clbench schema` lists the fields)")
+    assert error_of(path) == (f"{path}: stages[0].budget.step_size (line 5, column 35): unknown "
+                              "field (check the spelling; `clbench schema` lists the fields)")
 
 
 def test_missing_field_is_named(write_suite) -> None:
@@ -73,7 +73,9 @@ def test_missing_field_is_named(write_suite) -> None:
             task: {source: fake.addition}
             budget: {steps: 1}
         """)
-    assert error_of(path) == f"{path}: stages[0].budget: required field is missing"
+    # a missing field is placed at the mapping that lacks it
+    assert error_of(path) == (f"{path}: stages[0].budget (line 3, column 5): required field is "
+                              "missing")
 
 
 def test_several_mistakes_are_reported_together(write_suite) -> None:
@@ -86,7 +88,8 @@ def test_several_mistakes_are_reported_together(write_suite) -> None:
         """)
     lines = error_of(path).splitlines()
     assert [line.split(": ")[1] for line in lines] == [
-        "name", "stages[0].task.train_size", "stages[0].budget.top_p"]
+        "name (line 1, column 7)", "stages[0].task.train_size (line 4, column 47)",
+        "stages[0].budget.top_p (line 5, column 31)"]
 
 
 def test_a_stage_without_training_items_is_refused_but_a_probe_needs_none(write_suite) -> None:
@@ -101,8 +104,8 @@ def test_a_stage_without_training_items_is_refused_but_a_probe_needs_none(write_
           - name: b
             task: {source: fake.addition, train_size: 0}
         """)
-    assert error_of(path) == (f"{path}: stages[0].task: Value error, train_size must be at "
-                              "least 1: a stage trains on its task's training items")
+    assert error_of(path) == (f"{path}: stages[0].task (line 4, column 11): train_size must be "
+                              "at least 1: a stage trains on its task's training items")
 
 
 def test_duplicate_column_is_refused(write_suite) -> None:
@@ -117,7 +120,7 @@ def test_duplicate_column_is_refused(write_suite) -> None:
             task: {source: fake.addition}
         """)
     msg = error_of(path)
-    assert msg.startswith(f"{path}: <root>: Value error, column name 'math' is used twice")
+    assert msg.startswith(f"{path}: the top level: column name 'math' is used twice")
 
 
 def test_probe_needs_exactly_one_source(write_suite) -> None:
@@ -130,8 +133,8 @@ def test_probe_needs_exactly_one_source(write_suite) -> None:
             task: {source: fake.addition}
             lm_eval: {task: mmlu}
         """)
-    assert error_of(both) == (f"{both}: probes[0]: Value error, give exactly one of `task` or "
-                              "`lm_eval`")
+    assert error_of(both) == (f"{both}: probes[0] (line 5, column 5): give exactly one of "
+                              "`task` or `lm_eval`")
     bad_kind = write_suite("""\
         name: tiny
         stages:
@@ -139,8 +142,8 @@ def test_probe_needs_exactly_one_source(write_suite) -> None:
         probes:
           - {name: p, kind: trivia, task: {source: fake.addition}}
         """, name="kind.yaml")
-    assert error_of(bad_kind) == (f"{bad_kind}: probes[0].kind: Input should be 'ood' or "
-                                  "'general'")
+    assert error_of(bad_kind) == (f"{bad_kind}: probes[0].kind (line 5, column 21): Input "
+                                  "should be 'ood' or 'general'")
 
 
 def test_python_tag_is_refused_and_never_runs(write_suite, tmp_path) -> None:
@@ -178,8 +181,8 @@ def test_newer_suite_schema_version_is_refused(write_suite) -> None:
         stages:
           - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
         """)
-    assert error_of(path) == (f"{path}: schema_version: Value error, this clbench reads suite "
-                              "schema_version 1")
+    assert error_of(path) == (f"{path}: schema_version (line 1, column 17): this clbench reads "
+                              "suite schema_version 1")
 
 
 def test_plugin_params_are_validated_with_their_path(write_suite, fake_plugins) -> None:
@@ -196,10 +199,12 @@ def test_plugin_params_are_validated_with_their_path(write_suite, fake_plugins) 
     with pytest.raises(SpecError) as info:
         validate_suite_plugins(suite, path)
     lines = str(info.value).splitlines()
-    assert lines[0] == (f"{path}: stages[1].task.params.level: Input should be less than or "
-                        "equal to 3")
-    assert lines[1].startswith(f"{path}: probes[0].task.params.colour: unknown field")
-    assert lines[2].startswith(f"{path}: probes[1].task.source: unknown task source "
+    assert lines[0] == (f"{path}: stages[1].task.params.level (line 4, column 61): Input "
+                        "should be less than or equal to 3")
+    assert lines[1].startswith(f"{path}: probes[0].task.params.colour (line 6, column 62): "
+                               "unknown field")
+    assert lines[2].startswith(f"{path}: probes[1].task.source (line 7, column 30): unknown task "
+                               "source "
                                "'fake.additon'. Did you mean 'fake.addition'?")
     assert len(lines) == 3
 
@@ -212,7 +217,8 @@ def test_a_suite_model_that_names_no_model_is_reported_with_the_file(write_suite
         stages:
           - {name: a, task: {source: fake.addition}, budget: {steps: 1}}
         """)
-    with pytest.raises(SpecError, match=f"^{path}: model.name: unknown tiny model 'tiny-foo'"):
+    with pytest.raises(SpecError, match=f"^{path}: model.name \\(line 2, column 15\\): unknown "
+                                         "tiny model 'tiny-foo'"):
         validate_suite_plugins(load_suite(path), path)
 
 
@@ -238,8 +244,8 @@ def test_missing_lm_eval_include_path_is_reported(write_suite, fake_plugins) -> 
           - {name: g, kind: general, lm_eval: {task: mini, include_path: lmeval_tasks}}
         """)
     suite = load_suite(path)
-    with pytest.raises(SpecError, match=r"probes\[0\]\.lm_eval\.include_path: folder .*"
-                                        r"lmeval_tasks does not exist"):
+    with pytest.raises(SpecError, match=r"probes\[0\]\.lm_eval\.include_path \(line 5, column "
+                                        r"66\): folder .*lmeval_tasks does not exist"):
         validate_suite_plugins(suite, path)
     (path.parent / "lmeval_tasks").mkdir()
     validate_suite_plugins(suite, path)  # resolved against the suite's folder
@@ -261,7 +267,7 @@ def test_the_generation_engine_is_not_part_of_what_a_suite_measures(write_suite)
     text = "name: t\nstages: [{name: a, budget: {steps: 1, lr: 0.1}, task: {source: s}}]\n"
     plain = load_suite(write_suite(text, name="a.yaml"))
     static = load_suite(write_suite(text + "model: {generation: static}\n", name="b.yaml"))
-    half = load_suite(write_suite(text + "model: {dtype: float16}\n", name="c.yaml"))
+    half = load_suite(write_suite(text + "model: {dtype: float32}\n", name="c.yaml"))
     assert static.model.generation == "static"
     assert static.content_hash() == plain.content_hash() != half.content_hash()
     with pytest.raises(SpecError, match="generation"):
@@ -312,7 +318,8 @@ def test_a_lower_is_better_lm_eval_metric_is_refused_in_the_suite(write_suite) -
           - {name: g, kind: general, lm_eval: {task: wikitext, metric: "word_perplexity,none"}}
         """)
     assert error_of(path) == (
-        f"{path}: probes[0].lm_eval.metric: Value error, 'word_perplexity' is lower-is-better "
+        f"{path}: probes[0].lm_eval.metric (line 5, column 64): 'word_perplexity' is "
+        "lower-is-better "
         "and not a fraction; a probe column is scored like an accuracy (e.g. acc, acc_norm, "
         "exact_match)")
 

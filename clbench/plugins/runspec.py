@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from clbench.errors import UserError
 from clbench.models import absolute_model_name, check_model_name
 from clbench.plugins import registry
-from clbench.spec.reading import SpecError, describe_validation_error, validate_model
+from clbench.spec.reading import SpecError, describe_validation_error, placed, validate_model
 from clbench.spec.schema import MethodSpec, ModelSpec, RunSpec, SuiteSpec, TaskSpec, joint_stage
 from clbench.spec.suites import (
     apply_overrides,
@@ -102,7 +102,7 @@ def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | No
             problems.append(f"{prefix}probes[{i}].lm_eval.include_path: folder {folder} does not "
                             "exist (relative paths resolve against the suite file)")
     if problems:
-        raise SpecError("\n".join(problems))
+        raise SpecError("\n".join(placed(problems, str(source)) if source else problems))
 
 
 def method_settings_problems(suite: SuiteSpec) -> list[str]:

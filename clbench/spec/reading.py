@@ -1,15 +1,20 @@
 """Reading specs: YAML files, validation errors as one readable message, `--set` overrides.
 
 A user mistake in a suite file or an override becomes a :class:`SpecError` whose message names
-the file and the field path (`stages[1].budget.steps`), never a traceback. YAML is read with
-duplicate keys refused; an override is `path=value` with the value read as YAML. The models
-themselves are :mod:`clbench.spec.schema`.
+the file, the field path (`stages[1].budget.steps`) and, for a file, its line and column, never a
+traceback. YAML is read safely (no tags that build objects), with duplicate keys refused, and
+bounded before it is built: a file over :data:`MAX_SPEC_BYTES`, or one whose aliases would expand
+to more than :data:`MAX_SPEC_NODES` values or nest deeper than :data:`MAX_SPEC_DEPTH` (the
+"billion laughs"), is refused in milliseconds. An override is `path=value` with the value read as
+YAML. The models themselves are :mod:`clbench.spec.schema`.
 """
 
 from __future__ import annotations
 
 import io
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +27,17 @@ class SpecError(UserError, ValueError):
     """A user mistake in a spec file or override: one readable message, no traceback needed."""
 
 
+#: The largest spec file read: a suite is a few kilobytes (the shipped ones under 10 KB).
+MAX_SPEC_BYTES = 1 << 20
+#: The most values (mappings, lists, scalars) a spec may hold with its aliases followed.
+MAX_SPEC_NODES = 100_000
+#: The deepest nesting of mappings and lists a spec may have.
+MAX_SPEC_DEPTH = 64
+
+#: What the whole document is called where an error has no field path.
+TOP_LEVEL = "the top level"
+
+
 def format_loc(loc: tuple[Any, ...]) -> str:
     """`('stages', 1, 'budget', 'steps')` -> `stages[1].budget.steps`."""
     out = ""
@@ -30,32 +46,58 @@ def format_loc(loc: tuple[Any, ...]) -> str:
             out += f"[{part}]"
         else:
             out += ("." if out else "") + str(part)
-    return out or "<root>"
+    return out or TOP_LEVEL
 
 
 _UNKNOWN_FIELD_HINT = "check the spelling; `clbench schema` lists the fields"
 
+#: Regular expressions of the schema, as a sentence says them.
+PATTERN_WORDS = {
+    r"^[a-z0-9][a-z0-9_.\-]*$": "lowercase letters, digits, '_', '.' and '-', starting with a "
+                                "letter or digit",
+    r"^(auto|cpu|mps|cuda(:\d+)?)$": "auto, cpu, mps, cuda or cuda:N",
+}
+
+
+def plain_message(error: dict[str, Any], unknown_field_hint: str = _UNKNOWN_FIELD_HINT) -> str:
+    """Pydantic's message for one error, in a sentence a user reads without pydantic's terms:
+    no "Value error, " prefix, patterns said in words, the input shown where it helps."""
+    kind, msg = error["type"], error["msg"]
+    if kind == "extra_forbidden":
+        return f"unknown field ({unknown_field_hint})"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "string_pattern_mismatch":
+        pattern = (error.get("ctx") or {}).get("pattern", "")
+        words = PATTERN_WORDS.get(pattern, f"the form {pattern}")
+        return f"{error.get('input')!r} is not allowed here: expected {words}"
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
+    if kind == "assertion_error":
+        return msg.removeprefix("Assertion failed, ")
+    return msg
+
 
 def describe_validation_error(err: Any, source: str, prefix: str = "",
-                              unknown_field_hint: str = _UNKNOWN_FIELD_HINT) -> str:
+                              unknown_field_hint: str = _UNKNOWN_FIELD_HINT,
+                              where: Callable[[tuple[Any, ...]], str | None] | None = None
+                              ) -> str:
     """Render a pydantic ValidationError as lines `source: prefix.field.path: what was expected`.
 
     `prefix` is where the validated object sits in a larger document (e.g. `method.params`);
-    an empty `source` drops the leading `source: `.
+    an empty `source` drops the leading `source: `. `where` gives a field path's place in the
+    file (:meth:`YamlDocument.where`), shown after the path.
     """
     lines = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = f"unknown field ({unknown_field_hint})"
-        elif e["type"] == "missing":
-            msg = "required field is missing"
+        msg = plain_message(e, unknown_field_hint)
         path = format_loc(loc) if loc else ""
         if prefix:
             path = prefix + (path if path.startswith("[") or not path else "." + path)
-        where = path or "<root>"
-        lines.append(f"{source}: {where}: {msg}" if source else f"{where}: {msg}")
+        place = where(loc) if where is not None else None
+        at = (path or TOP_LEVEL) + (f" ({place})" if place else "")
+        lines.append(f"{source}: {at}: {msg}" if source else f"{at}: {msg}")
     return "\n".join(lines)
 
 
@@ -80,27 +122,158 @@ _SafeLoader.add_constructor(
     __import__("yaml").resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+@dataclass(frozen=True)
+class YamlDocument:
+    """A YAML file's data and its node tree, which knows where each value was written."""
+
+    data: Any
+    root: Any  # yaml.Node, or None for an empty file
+
+    def where(self, loc: tuple[Any, ...]) -> str | None:
+        """`line L, column C` of the value at field path `loc` (or of the deepest part of it
+        written in the file: a missing field points at its mapping), None when not found."""
+        import yaml
+
+        if not loc:  # the whole file: a place says nothing
+            return None
+        node, found = self.root, None
+        for part in loc:
+            if node is None:
+                break
+            found = node
+            if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+                node = next((v for k, v in node.value
+                             if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
+                    and 0 <= part < len(node.value):
+                node = node.value[part]
+            else:
+                node = None
+        node = node if node is not None else found
+        if node is None:
+            return None
+        mark = node.start_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+
+def placed(problems: list[str], source: str) -> list[str]:
+    """`source: field.path: message` lines with each field's line and column in the file
+    `source` added after its path (`source: field.path (line L, column C): message`); lines
+    of another form, or when `source` is not a readable spec file, as they are."""
+    lead = f"{source}: "
+    try:
+        document = read_yaml_document(source) if Path(source).is_file() else None
+    except (SpecError, OSError):
+        document = None
+    if document is None:
+        return problems
+    out = []
+    for line in problems:
+        field, sep, message = line[len(lead):].partition(": ")
+        place = None
+        if line.startswith(lead) and sep and re.fullmatch(r"[\w.\[\]-]+", field):
+            try:
+                place = document.where(tuple(parse_path(field)))
+            except SpecError:
+                place = None
+        out.append(f"{lead}{field} ({place}): {message}" if place else line)
+    return out
+
+
 def read_yaml(path: str | Path) -> Any:
     """Read YAML with a safe loader; errors become :class:`SpecError` naming the file."""
+    return read_yaml_document(path).data
+
+
+def read_yaml_document(path: str | Path) -> YamlDocument:
+    """Read a YAML file (safe loader, duplicate keys refused, size, expansion and depth
+    bounded), keeping its nodes for :meth:`YamlDocument.where`; errors become
+    :class:`SpecError` naming the file."""
     import yaml
 
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB, too large for a spec "
+                        "file (a suite is a few kilobytes); is it the right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: cannot read: not UTF-8 text ({exc})") from None
     stream = io.StringIO(text)
     stream.name = str(path)  # type: ignore[misc]  # how YAML errors name where they are
+    loader = _SafeLoader(stream)
     try:
-        return yaml.load(stream, Loader=_SafeLoader)
+        root = loader.get_single_node()
+        if root is not None:
+            _check_expansion(root, path)
+            data = loader.construct_document(root)
+        else:
+            data = None
     except yaml.YAMLError as exc:
         raise SpecError(f"{path}: not valid YAML: {exc}") from None
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply to be a spec file (more than "
+                        f"{MAX_SPEC_DEPTH} levels)") from None
+    finally:
+        loader.dispose()
+    return YamlDocument(data, root)
 
 
-def validate_model(model: type[BaseModel], data: Any, source: str) -> Any:
-    """Validate `data` against `model`, turning errors into one :class:`SpecError`."""
+def _check_expansion(root: Any, path: Path) -> None:
+    """Refuse a node graph whose aliases expand past :data:`MAX_SPEC_NODES` values, nest past
+    :data:`MAX_SPEC_DEPTH`, or refer to themselves: counted on the graph, with each node's
+    expanded size computed once, so the check is linear in the file, not in the expansion."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    depths: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.ScalarNode):
+            sizes[key], depths[key] = 1, 0
+            continue
+        children = [n for pair in node.value for n in pair] \
+            if isinstance(node, yaml.MappingNode) else list(node.value)
+        if children_done:
+            open_nodes.discard(key)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
+            depths[key] = 1 + max((depths[id(c)] for c in children), default=0)
+            if sizes[key] > MAX_SPEC_NODES:
+                raise SpecError(f"{path}: its aliases (*name) expand to more than "
+                                f"{MAX_SPEC_NODES:,} values, too many for a spec file")
+            if depths[key] > MAX_SPEC_DEPTH:
+                raise SpecError(f"{path}: nested more than {MAX_SPEC_DEPTH} levels deep, too "
+                                "deep for a spec file")
+            continue
+        if key in sizes:
+            continue
+        if key in open_nodes:
+            raise SpecError(f"{path}: line {node.start_mark.line + 1}: an alias refers to a "
+                            "value that contains it; a spec cannot be recursive")
+        open_nodes.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_nodes:
+                raise SpecError(f"{path}: line {child.start_mark.line + 1}: an alias refers to "
+                                "a value that contains it; a spec cannot be recursive")
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
+def validate_model(model: type[BaseModel], data: Any, source: str,
+                   document: YamlDocument | None = None) -> Any:
+    """Validate `data` against `model`, turning errors into one :class:`SpecError` (with the
+    line and column of each field in `document`, the file `data` was read from)."""
     from pydantic import ValidationError
 
     if not isinstance(data, dict):
@@ -108,7 +281,8 @@ def validate_model(model: type[BaseModel], data: Any, source: str) -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise SpecError(describe_validation_error(err, source)) from None
+        raise SpecError(describe_validation_error(
+            err, source, where=document.where if document is not None else None)) from None
 
 
 _PATH_TOKEN = re.compile(r"([^.\[\]]+)|\[(\d+)\]")

@@ -274,8 +274,9 @@ class ModelSpec(Spec):
                       description="`smollm2-135m` (the embedded "
                       "default), a `tiny-*` test model, a hub id or a local folder (a run "
                       "records it as an absolute path).")
-    dtype: Literal["auto", "bfloat16", "float32", "float16"] = Field(
-        default="auto", description="`auto`: bf16 where the device supports it, else fp32.")
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        default="auto", description="`auto`: bf16 where the device supports it, else fp32. "
+        "(float16 cannot be trained without loss scaling, which clbench does not do.)")
     mixed_precision: bool = Field(
         default=True, description="Keep fp32 master weights and autocast forwards to `dtype` "
         "(when it is 16-bit); false stores the weights in `dtype` itself (half the memory, but "
@@ -289,6 +290,15 @@ class ModelSpec(Spec):
     revision: str | None = Field(default=None, description="Hub revision (branch, tag, commit).")
     trust_remote_code: bool = Field(default=False, description="Allow code from the model "
                                     "repository to run; only set for repositories you trust.")
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _no_float16(cls, value: Any) -> Any:
+        # said here, so `validate` and `run --plan` refuse what a run would refuse
+        if value in ("float16", "fp16", "half"):
+            raise ValueError("float16 cannot be trained by clbench (fp16 needs loss scaling); "
+                             "use bfloat16 where the device supports it, or float32")
+        return value
 
 
 #: What a suite's content hash leaves out: prose, the per-method settings (a run's method config

@@ -24,9 +24,11 @@ from typing import Any
 from clbench.errors import UserError
 from clbench.spec.reading import (
     SpecError,
+    YamlDocument,
     apply_override,
     parse_override,
     read_yaml,
+    read_yaml_document,
     validate_model,
 )
 from clbench.spec.schema import SuiteSpec
@@ -149,12 +151,28 @@ def load_suite(ref: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Su
     """Read, override and validate a suite (plugin parameters are checked separately, by
     :func:`validate_suite_plugins`)."""
     path = resolve_suite(ref)
-    data = read_yaml(path)
-    if not isinstance(data, dict):
+    document = read_yaml_document(path)
+    if not isinstance(document.data, dict):
         raise SpecError(f"{path}: expected a mapping of suite fields at the top level, got "
-                        f"{type(data).__name__}")
-    data = apply_overrides(data, overrides)
-    return validate_model(SuiteSpec, data, override_source(path, overrides))
+                        f"{type(document.data).__name__}")
+    data = apply_overrides(document.data, overrides)
+    return validate_model(SuiteSpec, data, override_source(path, overrides),
+                          _OverriddenDocument(document, overrides))
+
+
+class _OverriddenDocument(YamlDocument):
+    """A suite file's document that places no field an override set (its value is not the
+    file's)."""
+
+    def __init__(self, document: YamlDocument, overrides: Sequence[str]) -> None:
+        super().__init__(document.data, document.root)
+        object.__setattr__(self, "overridden",
+                           [tuple(parse_override(text)[0]) for text in overrides])
+
+    def where(self, loc: tuple[Any, ...]) -> str | None:
+        if any(loc[:len(path)] == path for path in self.overridden):
+            return None
+        return super().where(loc)
 
 
 def method_settings(suite: SuiteSpec, method: str, overrides: Sequence[str] = ()
