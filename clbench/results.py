@@ -98,15 +98,21 @@ class Column(Record):
 
 
 class Cell(Record):
-    """One score of R: the mean over `n` items and its bootstrap interval."""
+    """One score of R: the mean over `n` items and its interval."""
 
-    score: float
+    score: float | None = Field(description="A fraction in [0, 1]; null where the score is "
+                                "undefined (an lm-eval probe that gave NaN).")
     n: int = Field(ge=0, description="Items behind the score.")
     ci_low: float | None = None
     ci_high: float | None = None
 
     @model_validator(mode="after")
-    def _ordered_interval(self) -> Cell:
+    def _fractions(self) -> Cell:
+        for name in ("score", "ci_low", "ci_high"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:  # NaN fails too
+                raise ValueError(f"{name} {value} is not a fraction in [0, 1] (null where "
+                                 "undefined)")
         if self.ci_low is not None and self.ci_high is not None and self.ci_low > self.ci_high:
             raise ValueError(f"ci_low {self.ci_low} is above ci_high {self.ci_high}")
         return self
@@ -212,6 +218,11 @@ class RunResult(Record):
             if len(row) != len(self.columns):
                 raise ValueError(f"matrix row {i} has {len(row)} cells for {len(self.columns)} "
                                  "columns")
+        rows = 2 if self.joint else n_stages + 1
+        if self.status == "complete" and len(self.matrix) != rows:
+            raise ValueError(f"a complete run has {rows} rows of R (the base row and one per "
+                             f"{'joint stage' if self.joint else 'stage'}), this one "
+                             f"{len(self.matrix)}")
         return self
 
     def suite_spec(self) -> SuiteSpec:
@@ -290,6 +301,26 @@ def _parse_version(text: Any) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
+#: The deepest nesting of objects and lists a results file may have (its own go about 8 deep).
+MAX_RESULTS_DEPTH = 32
+
+
+def _depth(data: Any) -> int:
+    """How deep lists and objects nest in `data` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node \
+            if isinstance(node, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_RESULTS_DEPTH:
+            break
+        stack += [(child, depth + 1) for child in children]
+    return deepest
+
+
 def read_results(path: str | os.PathLike[str]) -> RunResult:
     """Read a results file; refuses an unknown major version, accepts newer minor ones."""
     path = Path(path)
@@ -299,8 +330,13 @@ def read_results(path: str | os.PathLike[str]) -> RunResult:
         raise ResultsError(f"{path}: no such results file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ResultsError(f"{path}: not a readable JSON results file: {exc}") from None
+    except RecursionError:
+        raise ResultsError(f"{path}: nested too deeply to be a results file") from None
     if not isinstance(data, dict):
         raise ResultsError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    if _depth(data) > MAX_RESULTS_DEPTH:
+        raise ResultsError(f"{path}: nested more than {MAX_RESULTS_DEPTH} levels deep, too deep "
+                           "to be a results file")
     found = _parse_version(data.get("schema_version"))
     ours = _parse_version(RESULTS_SCHEMA_VERSION)
     assert ours is not None

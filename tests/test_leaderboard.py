@@ -14,14 +14,16 @@ from click.testing import CliRunner
 from clbench.cli import cli
 from clbench.leaderboard.site import build
 from clbench.plugins.runspec import build_run_spec
-from clbench.results import Cell, MetricValue, new_result, write_results
+from clbench.results import Cell, new_result, write_results
+from clbench.run.scores import metric_values
 
 HOSTILE = "<script>alert(1)</script>"
 
 
 def _result(tmp_path: Path, method: str, seed: int, acc: float, *, version: str | None = None,
             name: str | None = None, status: str = "complete"):
-    """A complete smoke-suite result whose matrix's last row averages to `acc` on the stream."""
+    """A complete smoke-suite result whose matrix's last row is `acc` in every column, after a
+    first stage that scored its column 10% higher: ACC `acc`, BWT -acc/10, forgetting acc/10."""
     run = build_run_spec("smoke", method, seed=seed, out_dir=tmp_path / "unused")
     if version is not None:
         run = run.model_copy(update={"suite": run.suite.model_copy(update={"version": version})})
@@ -30,13 +32,10 @@ def _result(tmp_path: Path, method: str, seed: int, acc: float, *, version: str 
         result.method.name = name
     columns = len(result.columns)
     result.matrix = [[Cell(score=0.1, n=10) for _ in range(columns)],
-                     [Cell(score=acc, n=10) for _ in range(columns)],
+                     [Cell(score=1.1 * acc if j == 0 else acc, n=10) for j in range(columns)],
                      [Cell(score=acc, n=10) for _ in range(columns)]]
     result.row_labels = ["base", "after math", "after science"]
-    result.metrics = {"acc": MetricValue(value=acc),
-                      "bwt": MetricValue(value=-acc / 10, variant="t_minus_1"),
-                      "forgetting": MetricValue(value=acc / 5, higher_is_better=False,
-                                                variant="max")}
+    result.metrics = metric_values(result, run.suite.protocol)  # as a run computes them
     result.status = status  # type: ignore[assignment]
     result.compute.wall_time_s = 60.0 * (seed + 1)
     result.compute.tokens = {"generated": 1000}
@@ -75,11 +74,14 @@ def test_entries_are_aggregated_over_seeds_and_suite_versions_never_share_a_tabl
     assert sft["metrics"]["forgetting"]["higher_is_better"] is False
     assert sft["matrix"]["mean"][2][0] == pytest.approx(0.6)
     assert sft["compute"]["wall_time_s"] == pytest.approx(90.0)
-    assert current["metric_variants"] == {"bwt": "t_minus_1", "forgetting": "max"}
-    # the index marks the best value of each column where two entries compete: grpo's ACC,
-    # sft's BWT (-0.06 > -0.08) and (lower) forgetting; nothing in the one-entry suite
+    assert current["metric_variants"] == {"acc": "standard", "la": "standard",
+                                          "bwt": "t_minus_1", "fwt": "base", "forgetting": "max",
+                                          "ood_delta": "standard", "general_delta": "standard"}
+    # the index marks the best value of each column where two entries compete: grpo's ACC, LA,
+    # FWT and OOD delta (all grow with its ACC), sft's BWT (-0.06 > -0.08) and (lower)
+    # forgetting; nothing in the one-entry suite (general delta: no general probe in smoke)
     index = (tmp_path / "site" / "index.html").read_text()
-    assert index.count('class="best"') == 3
+    assert index.count('class="best"') == 6
     assert f'href="entries/{sft["id"]}.html"' in index
     entry = (tmp_path / "site" / "entries" / f"{sft['id']}.html").read_text()
     assert entry.count("<svg") == 2  # the heatmap and the curves
@@ -194,6 +196,6 @@ def test_a_collapsed_seed_is_ranked_with_its_rows_and_flagged(tmp_path: Path) ->
     (entry,) = data["suites"][0]["entries"]
     assert entry["n"] == 2 and entry["flags"]["collapsed"] is True
     assert entry["matrix"]["rows"] == ["base", "after math", "after science"]
-    assert entry["matrix"]["mean"][1][0] == pytest.approx(0.3)  # both seeds
+    assert entry["matrix"]["mean"][1][0] == pytest.approx(0.33)  # both seeds: 0.66 and 0
     assert entry["matrix"]["mean"][2][0] == pytest.approx(0.6)  # the seed that got there
     assert 'class="flag bad">collapse' in (tmp_path / "site" / "index.html").read_text()

@@ -28,6 +28,7 @@ from clbench.errors import UserError
 from clbench.metrics.aggregate import SeedSummary, mean_of_numbers, seed_interval, summarise
 from clbench.report.comparison import comparison_groups, metric_order, settings_in_force
 from clbench.results import RunResult, read_results
+from clbench.run.scores import recomputed_metrics
 
 #: The metrics of the index table, in order (others appear on entry pages).
 INDEX_METRICS = ("acc", "la", "bwt", "fwt", "forgetting", "ood_delta", "general_delta")
@@ -49,7 +50,9 @@ METRIC_HELP = {
 def find_results(paths: Sequence[str | Path], problems: list[str]) -> list[tuple[Path, RunResult]]:
     """Every readable results file among `paths` (files, or folders searched for
     `results.json` and other `*.json` files). A file that is not a valid results file is
-    reported in `problems` (its path and why) and left out."""
+    reported in `problems` (its path and why) and left out; a complete run whose stored
+    metrics differ from its matrix's is reported there too, and shown with the recomputed ones
+    (:func:`clbench.run.scores.recomputed_metrics`)."""
     found: list[tuple[Path, RunResult]] = []
     for path in map(Path, paths):
         if not path.exists():
@@ -58,9 +61,13 @@ def find_results(paths: Sequence[str | Path], problems: list[str]) -> list[tuple
             p for p in path.rglob("*.json") if p.is_file() and _searched(p, path))
         for f in files:
             try:
-                found.append((f, read_results(f)))
+                result = read_results(f)
             except UserError as exc:
                 problems.append(str(exc))
+                continue
+            result.metrics, mismatches = recomputed_metrics(result)
+            problems += [f"{f}: {line} (the recomputed value is shown)" for line in mismatches]
+            found.append((f, result))
     return found
 
 

@@ -228,9 +228,9 @@ def print_comparison(console: Console, table_data: dict[str, Any],
                      cost_data: dict[str, Any] | None = None) -> None:
     for title, header, rows in comparison_tables(table_data) + cost_tables(cost_data or {}):
         table = Table(title=escape(title))
-        table.add_column(header[0], style="bold")
+        table.add_column(escape(header[0]), style="bold")
         for n in header[1:]:
-            table.add_column(n, justify="right")
+            table.add_column(escape(n), justify="right")
         for row in rows:
             table.add_row(*map(escape, row))
         print_uncut(console, table)

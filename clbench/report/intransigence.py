@@ -69,7 +69,7 @@ def add_intransigence(found: Sequence[tuple[Any, RunResult]]) -> None:
         if reference is None:
             continue
         a_star, n = reference
-        matrix = [[float("nan") if c is None else c.score for c in row] for row in run.matrix]
+        matrix = [[float("nan") if v is None else v for v in row] for row in run.score_matrix()]
         entry = compute_metrics(matrix, [c.model_dump() for c in run.columns],
                                 metrics=["intransigence"], joint=a_star)["intransigence"]
         per_stage = entry.get("per_stage")

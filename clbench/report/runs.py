@@ -33,7 +33,7 @@ from clbench.report.comparison import (
 )
 from clbench.report.diagnostics import diagnostic_tables
 from clbench.report.intransigence import add_intransigence
-from clbench.report.tables import print_uncut
+from clbench.report.tables import md_escape, print_uncut
 from clbench.results import RESULTS_FILENAME, RunResult, peak_memory_kind, read_results
 from clbench.run.rundir import IDENTITY_FILE, run_is_live, what_is_saved
 
@@ -54,13 +54,13 @@ def matrix_table(result: RunResult) -> Any:
     """R as a rich table: rows = base and after each stage, columns = tasks then probes."""
     from rich.table import Table
 
-    table = Table(title=f"R: {run_title(result)} ({result.status})")
+    table = Table(title=escape(f"R: {run_title(result)} ({result.status})"))
     table.add_column("after", style="bold")
     for c in result.columns:
-        table.add_column(f"{c.name}\n[dim]{c.kind}[/]", justify="right")
+        table.add_column(f"{escape(c.name)}\n[dim]{escape(c.kind)}[/]", justify="right")
     for label, row in zip(result.row_labels, result.matrix):
-        table.add_row(label, *[("—" if c is None else f"{c.score:.3f} [dim](n={c.n})[/]")
-                               for c in row])
+        table.add_row(escape(label), *[("—" if c is None or c.score is None else
+                                        f"{c.score:.3f} [dim](n={c.n})[/]") for c in row])
     return table
 
 
@@ -105,7 +105,7 @@ def print_summary(console: Console, result: RunResult) -> None:
     for col in ("metric", "value", "variant"):
         table.add_column(col)
     for row in metric_rows(result):
-        table.add_row(*row)
+        table.add_row(*map(escape, row))
     print_uncut(console, table)
 
 
@@ -136,35 +136,49 @@ def standing(run_dir: Path, result: RunResult) -> str | None:
     return f"{status}: {f'{result.error}; ' if result.error else ''}{kept}"
 
 
-def collect_results(run_dirs: Sequence[str | Path],
-                    skipped: list[str] | None = None) -> list[tuple[Path, RunResult]]:
+def collect_results(run_dirs: Sequence[str | Path], skipped: list[str] | None = None,
+                    corrected: list[str] | None = None) -> list[tuple[Path, RunResult]]:
     """Results of every run dir (a dir holding results.json, a results file itself, whatever
-    its name, or a folder searched for them). A results file that cannot be read is an error
-    when named, and is left out (said in `skipped`, when given) when found by a search of a
-    folder."""
+    its name, or a folder searched for them), checked: a file that cannot be read, or is not a
+    valid results file, is left out and said in `skipped` (an error when `skipped` is not
+    given, or when no file could be read); a complete run's metrics are recomputed from its
+    matrix (:func:`clbench.run.scores.recomputed_metrics`), and a stored value that differs
+    is said in `corrected` (the recomputed one is what is shown)."""
+    from clbench.run.scores import recomputed_metrics
+
     found: list[tuple[Path, RunResult]] = []
+
+    def read(where: Path, file: Path) -> None:
+        try:
+            result = read_results(file)
+        except UserError as exc:
+            if skipped is None:
+                raise
+            skipped.append(str(exc))
+            return
+        result.metrics, mismatches = recomputed_metrics(result)
+        if corrected is not None:
+            corrected.extend(f"{file}: {line}" for line in mismatches)
+        found.append((where, result))
+
     for d in map(Path, run_dirs):
         if not d.exists():
             raise UserError(f"{d}: no such run directory")
         if d.is_file():  # a results file copied out of its run folder keeps its meaning
-            found.append((d.parent if d.name == RESULTS_FILENAME else d, read_results(d)))
+            read(d.parent if d.name == RESULTS_FILENAME else d, d)
             continue
         if (d / RESULTS_FILENAME).is_file():
-            found.append((d, read_results(d / RESULTS_FILENAME)))
+            read(d, d / RESULTS_FILENAME)
             continue
         files = sorted(d.rglob(RESULTS_FILENAME)) if d.is_dir() else []
         if not files:
             raise UserError(f"{d}: no {RESULTS_FILENAME} in it or below (is this a run "
                             "directory?)")
         for f in files:
-            try:
-                found.append((f.parent, read_results(f)))
-            except UserError as exc:
-                if skipped is None:
-                    raise
-                skipped.append(str(exc))
+            read(f.parent, f)
     if not found and skipped:
-        raise UserError(f"no readable {RESULTS_FILENAME} found: {skipped[0]}")
+        raise UserError(f"no readable {RESULTS_FILENAME} found: {skipped[0]}" + (
+            f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
     return found
 
 
@@ -174,12 +188,16 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
     Markdown tables to paste into a paper or a README)."""
     console = console or Console()
     skipped: list[str] = []
-    found = collect_results(run_dirs, skipped)
+    corrected: list[str] = []
+    found = collect_results(run_dirs, skipped, corrected)
     add_intransigence(found)
     as_tables = not as_json and not as_markdown
     if as_tables:  # first: a comparison refused below still leaves every run's tables shown
         for reason in skipped:
             console.print(f"[yellow]left out: {escape(reason)}[/]", soft_wrap=True)
+        for line in corrected:
+            console.print(f"[yellow]recomputed: {escape(line)}; the recomputed value is "
+                          "shown[/]", soft_wrap=True)
         for d, r in found:
             print_summary(console, r)
             if (where := standing(d, r)) is not None:
@@ -187,7 +205,7 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
         incomplete = [str(d) for d, r in found if r.status != "complete"]
         if incomplete:
             console.print(f"[yellow]not complete (left out of the comparison): "
-                          f"{', '.join(incomplete)}[/]")
+                          f"{escape(', '.join(incomplete))}[/]", soft_wrap=True)
     groups = comparison_groups(found)
     data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
                       "seed": r.seed, "joint": r.joint, "status": r.status,
@@ -201,10 +219,13 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
             "comparison": comparison(groups), "cost": cost_comparison(groups)}
     if skipped:
         data["skipped"] = skipped
+    if corrected:
+        data["recomputed"] = corrected
     if as_json:
         console.print_json(json.dumps(data))
     elif as_markdown:
-        console.file.write(markdown_report(found, data["comparison"], skipped, data["cost"]))
+        console.file.write(markdown_report(found, data["comparison"], [*skipped, *(
+            f"{line}; the recomputed value is shown" for line in corrected)], data["cost"]))
     else:
         print_comparison(console, data["comparison"], data["cost"])
     return data
@@ -213,10 +234,9 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
 def _md_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
               right: Sequence[int] | None = None) -> list[str]:
     """A GitHub-flavoured Markdown table; the `right` columns (default: all but the first) are
-    right-aligned. A `|` in a cell is escaped and a line break becomes a space."""
+    right-aligned. Cells are text (:func:`md_escape`: no markup, one line)."""
     def line(cells: Sequence[str]) -> str:
-        return "| " + " | ".join(" ".join(c.replace("|", "\\|").splitlines()) for c in cells) \
-            + " |"
+        return "| " + " | ".join(map(md_escape, cells)) + " |"
 
     right = range(1, len(headers)) if right is None else right
     rule = ["---:" if i in right else "---" for i in range(len(headers))]
@@ -228,9 +248,9 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
     """`clbench report --markdown`: each run's R, compute and metrics, then the comparison over
     seeds. R's cells are scores; the item count of each column is said under the table (a cell
     whose count differs from its column's says it in the cell)."""
-    out: list[str] = [f"> left out: {reason}" for reason in skipped]
+    out: list[str] = [f"> left out: {md_escape(reason)}" for reason in skipped]
     for where, r in found:
-        out += ["", f"### R: {run_title(r)} ({r.status}), `{where}`", ""]
+        out += ["", f"### R: {md_escape(run_title(r))} ({r.status}), {md_escape(where)}", ""]
         if not r.matrix or not r.columns:
             out += ["No row of R yet." if r.columns else "No columns."]
         else:
@@ -238,25 +258,27 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
                       for i in range(len(r.columns))]
 
             def cell(c: Any, n: int) -> str:
-                return "—" if c is None else _fmt(c.score) + ("" if c.n == n else f" (n={c.n})")
+                return "—" if c is None or c.score is None else \
+                    _fmt(c.score) + ("" if c.n == n else f" (n={c.n})")
 
             out += _md_table(["after", *[f"{c.name} ({c.kind})" for c in r.columns]],
                              ([label, *[cell(c, n) for c, n in zip(row, counts)]]
                               for label, row in zip(r.row_labels, r.matrix)))
             out += ["", "Items per cell: " + ", ".join(
-                f"{c.name} {n}" for c, n in zip(r.columns, counts)) + "."]
-        out += ["", f"Method settings: {settings_line(r)}.",
-                "", f"{compute_heading(r).capitalize()}: {compute_summary(r)}."]
+                f"{md_escape(c.name)} {n}" for c, n in zip(r.columns, counts)) + "."]
+        out += ["", f"Method settings: {md_escape(settings_line(r))}.",
+                "", f"{compute_heading(r).capitalize()}: {md_escape(compute_summary(r))}."]
         if (state := standing(where, r)) is not None:
-            out += ["", f"Status: {state}."]
+            out += ["", f"Status: {md_escape(state)}."]
         if r.metrics:
             out += ["", *_md_table(["metric (n = 1)", "value", "variant"], metric_rows(r),
                                    right=[1])]
     incomplete = [str(d) for d, r in found if r.status != "complete"]
     if incomplete:
-        out += ["", f"Not complete (left out of the comparison): {', '.join(incomplete)}."]
+        out += ["", "Not complete (left out of the comparison): "
+                    f"{md_escape(', '.join(incomplete))}."]
     for title, header, rows in comparison_tables(table_data) + cost_tables(cost_data or {}):
-        out += ["", f"### {title}", "", *_md_table(header, rows)]
+        out += ["", f"### {md_escape(title)}", "", *_md_table(header, rows)]
     return "\n".join(out).strip() + "\n"
 
 

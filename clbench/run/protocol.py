@@ -42,18 +42,15 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-import numpy as np
 from rich.console import Console
 
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError, stop_of
-from clbench.metrics.continual import compute_metrics
 from clbench.plugins import registry
 from clbench.progress import run_progress
 from clbench.results import (
     RESULTS_FILENAME,
     KeptTime,
-    MetricValue,
     RunResult,
     StageRecord,
     account_compute,
@@ -87,6 +84,7 @@ from clbench.run.rundir import (
     run_identity,
     what_is_saved,
 )
+from clbench.run.scores import metric_values
 from clbench.run.stages import keep_trained_stage, train_stage, trained_report
 from clbench.seeding import derive_seed, seed_everything
 from clbench.spec.schema import RunSpec
@@ -100,8 +98,6 @@ if TYPE_CHECKING:
     from clbench.train.distributed import Distributed
 
 log = logging.getLogger("clbench.run.protocol")
-
-LOWER_IS_BETTER = {"forgetting", "intransigence"}
 
 
 class RunInterrupted(UserError):
@@ -125,20 +121,10 @@ class RunInterrupted(UserError):
 
 def fill_metrics(result: RunResult, run: RunSpec) -> None:
     """Compute the protocol's metrics from R (with per-stage values and undefined-notes)."""
-    matrix = [[np.nan if v is None else v for v in row] for row in result.score_matrix()]
-    columns = [c.model_dump() for c in result.columns]
-    computed = compute_metrics(np.array(matrix, dtype=float), columns, run.suite.protocol)
-    metrics: dict[str, MetricValue] = {}
-    for name, entry in computed.items():
-        per_stage = entry.get("per_stage")
-        metrics[name] = MetricValue(
-            value=entry["value"], variant=entry["variant"], note=entry.get("note"),
-            higher_is_better=name not in LOWER_IS_BETTER,
-            per_stage=None if per_stage is None else
-            [None if v is None else float(v) for v in per_stage])
-        if entry["value"] is None:
-            log.info("metric %s undefined: %s", name, entry.get("note"))
-    result.metrics = metrics
+    result.metrics = metric_values(result, run.suite.protocol)
+    for name, metric in result.metrics.items():
+        if metric.value is None:
+            log.info("metric %s undefined: %s", name, metric.note)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -240,5 +241,8 @@ def to_cells(cells: Sequence[CellResult]) -> list[Cell | None]:
             out.append(None)
             continue
         iv = c.interval or {}
+        if not math.isfinite(c.score):  # e.g. an lm-eval aggregate of no document: undefined
+            out.append(Cell(score=None, n=c.n))
+            continue
         out.append(Cell(score=c.score, n=c.n, ci_low=iv.get("low"), ci_high=iv.get("high")))
     return out

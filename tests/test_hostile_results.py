@@ -1,0 +1,137 @@
+"""Results files as untrusted input: their text is shown as text (no rich markup, no Markdown or
+HTML), they are checked before they are shown (scores are fractions, a complete run has every
+row, stored metrics match the matrix), nesting is bounded, an undefined cell round-trips, and one
+bad file never hides the others."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from clbench.cli import cli
+from clbench.plugins.runspec import build_run_spec
+from clbench.results import Cell, new_result, read_results, write_results
+from clbench.run.scores import metric_values
+
+MARKUP = "grpo[/bold][link=https://evil.example]click[/link]"
+INJECTION = "<script>alert(1)</script>\n# injected | cell"
+
+
+def _result(tmp_path: Path, method: str = "sft", seed: int = 0):
+    """A complete smoke-suite result with metrics computed from its matrix, as a run has."""
+    run = build_run_spec("smoke", "sft", seed=seed, out_dir=tmp_path / "unused")
+    result = new_result(run, {"lr": 1e-5})
+    result.method.name = method
+    result.matrix = [[Cell(score=0.1, n=10) for _ in result.columns],
+                     [Cell(score=0.6, n=10) for _ in result.columns],
+                     [Cell(score=0.5, n=10) for _ in result.columns]]
+    result.row_labels = ["base", "after math", "after science"]
+    result.metrics = metric_values(result, run.suite.protocol)
+    result.status = "complete"
+    return result
+
+
+def _file(tmp_path: Path, name: str, result) -> Path:
+    return write_results(tmp_path / "results" / f"{name}.json", result)
+
+
+def _edited(path: Path, edit) -> Path:
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def report(*args: object):
+    return CliRunner().invoke(cli, ["report", *map(str, args)])
+
+
+def test_rich_markup_in_a_results_file_is_shown_as_written(tmp_path: Path) -> None:
+    path = _file(tmp_path, "a", _result(tmp_path, MARKUP))
+    result = report(path)
+    assert result.exit_code == 0, result.output
+    flat = result.output.replace("\n", "")
+    assert "[/bold][link=https://evil.example]click[/link]" in flat  # text, not a link
+    assert "Traceback" not in result.output
+
+
+def test_markdown_report_escapes_html_and_markdown(tmp_path: Path) -> None:
+    path = _file(tmp_path, "a", _result(tmp_path, INJECTION))
+    out = report("--markdown", path).output
+    assert "<script>" not in out and "&lt;script&gt;alert(1)&lt;/script&gt;" in out
+    assert not any(line.startswith("# injected") for line in out.splitlines())
+    assert "\\# injected \\| cell" in out
+    # every table row keeps its column count: the injected `|` is no cell border
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    header = next(line for line in table if line.startswith("| method"))
+    row = next(line for line in table if "injected" in line)
+    assert row.replace("\\|", "").count("|") == header.count("|")
+
+
+@pytest.mark.parametrize(("edit", "reason"), [
+    (lambda d: d["matrix"][1][0].update(score=7.5), "matrix[1][0]: score 7.5 is not a fraction"),
+    (lambda d: d["matrix"][1][0].update(ci_high=-0.5, ci_low=-1.0),
+     "matrix[1][0]: ci_low -1.0 is not a fraction"),
+    (lambda d: (d["matrix"].pop(), d["row_labels"].pop()),
+     "a complete run has 3 rows of R (the base row and one per stage), this one 2"),
+    (lambda d: d.update(extra=json.loads("[" * 40 + "]" * 40)), "nested more than 32 levels"),
+])
+def test_a_bad_file_is_left_out_with_why_and_the_others_are_shown(tmp_path: Path, edit,
+                                                                    reason: str) -> None:
+    good = _file(tmp_path, "good", _result(tmp_path, "sft"))
+    bad = _edited(_file(tmp_path, "bad", _result(tmp_path, "grpo")), edit)
+    result = report(bad, good)
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert f"left out: {bad}: " in flat and reason in flat
+    assert "smoke / sft / seed 0" in flat and "smoke / grpo" not in flat
+    alone = report(bad)
+    assert alone.exit_code == 2 and reason in " ".join(alone.output.split())
+
+
+def test_nan_in_a_file_is_refused_and_nesting_beyond_the_parser_is_an_error(tmp_path: Path
+                                                                            ) -> None:
+    path = _file(tmp_path, "nan", _result(tmp_path))
+    path.write_text(path.read_text().replace('"score": 0.6', '"score": NaN', 1))
+    with pytest.raises(Exception, match=r"score nan is not a fraction in \[0, 1\]"):
+        read_results(path)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(Exception, match="nested too deeply to be a results file"):
+        read_results(deep)
+
+
+def test_an_undefined_cell_round_trips_and_is_shown_as_a_dash(tmp_path: Path) -> None:
+    from clbench.eval.column import CellResult
+    from clbench.run.rows import to_cells
+
+    (cell,) = to_cells([CellResult("general", float("nan"), 0.0, 80, None, [])])
+    assert cell is not None and cell.score is None and cell.n == 80
+    result = _result(tmp_path)
+    result.matrix[2][-1] = cell
+    path = _file(tmp_path, "undefined", result)
+    assert read_results(path).matrix[2][-1] == cell  # written as null, read back
+    shown = report("--markdown", path)
+    assert shown.exit_code == 0, shown.output
+    last = next(line for line in shown.output.splitlines() if line.startswith("| after science"))
+    assert last.rstrip(" |").endswith("—")
+
+
+def test_stored_metrics_are_recomputed_from_the_matrix_and_a_mismatch_is_said(tmp_path: Path
+                                                                            ) -> None:
+    path = _edited(_file(tmp_path, "forged", _result(tmp_path)),
+                   lambda d: d["metrics"]["acc"].update(value=0.99))
+    result = report(path)
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert (f"recomputed: {path}: metric acc is stored as 0.99 but the matrix gives 0.5; the "
+            "recomputed value is shown") in flat
+    data = json.loads(report("--json", path).output)
+    assert data["runs"][0]["metrics"]["acc"] == pytest.approx(0.5)
+    assert data["recomputed"] == [f"{path}: metric acc is stored as 0.99 but the matrix gives 0.5"]
+    built = CliRunner().invoke(cli, ["leaderboard", "build", str(path), "--out",
+                                     str(tmp_path / "site"), "--strict"])
+    assert built.exit_code != 0 and "metric acc is stored as 0.99" in built.output
