@@ -1,10 +1,13 @@
-"""Aggregation over seeds and bootstrap intervals over items."""
+"""Aggregation over seeds, and intervals over items (bootstrap, Wilson)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
 
+from clbench.eval.column import ItemRecord
 from clbench.metrics.aggregate import aggregate_over_seeds, bootstrap_interval, summarise
 
 
@@ -71,3 +74,29 @@ def test_bootstrap_degenerate_cases() -> None:
     assert bootstrap_interval([0.0, 1.0], samples=0) is None
     with pytest.raises(ValueError, match="confidence"):
         bootstrap_interval([1.0], confidence=95)
+
+
+def test_wilson_interval_against_hand_computed_values_and_at_the_edges() -> None:
+    from clbench.eval.column import summarise_cell
+    from clbench.metrics.aggregate import wilson_interval
+
+    z = 1.959964  # the normal's 97.5% point
+    # 43 of 100 by hand: (p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)
+    p, n = 0.43, 100
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    mid = wilson_interval(43, 100)
+    assert (mid.low, mid.high) == pytest.approx((centre - half, centre + half), abs=1e-6)
+    assert (mid.low, mid.high) == pytest.approx((0.3373, 0.5278), abs=1e-4)
+    # at 0 and 1 a bootstrap over items says [0, 0] and [1, 1]; Wilson keeps a width
+    none, every = wilson_interval(0, 100), wilson_interval(100, 100)
+    assert none.low == 0.0 and none.high == pytest.approx(z * z / (n + z * z), abs=1e-6)
+    assert every.high == 1.0 and every.low == pytest.approx(1 - none.high, abs=1e-12)
+    assert bootstrap_interval([0.0] * 100, samples=200).high == 0.0
+    assert wilson_interval(0, 0) is None and mid.method == "Wilson score"
+
+    records = [ItemRecord(id=str(i), completion="", reward=0.0, correct=False)
+               for i in range(100)]
+    cell = summarise_cell("math", records)
+    assert cell.score == 0.0 and cell.interval["high"] == pytest.approx(none.high)
+    assert summarise_cell("math", records, bootstrap_samples=0).interval is None

@@ -3,7 +3,7 @@
 The same code path serves every method and every row: the items come from the task source, the
 completions from a generation function built with the protocol's decoding (greedy by default),
 the grades from the task's own grader. A cell's score is the fraction of items graded correct
-(the "accuracy" of the accuracy matrix); the mean reward, the item count and a bootstrap interval
+(the "accuracy" of the accuracy matrix); the mean reward, the item count and a Wilson interval
 over items travel with it, and the per-item records are kept so every number can be traced to
 the completions behind it.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_write_text
-from clbench.metrics.aggregate import bootstrap_interval
+from clbench.metrics.aggregate import wilson_interval
 from clbench.tasks.base import Example, Messages, TaskSource
 
 if TYPE_CHECKING:
@@ -63,7 +63,7 @@ class CellResult:
     score: float | None                      # fraction correct; None when there are no items
     mean_reward: float | None
     n: int
-    interval: dict[str, Any] | None          # bootstrap interval of `score` over items
+    interval: dict[str, Any] | None          # Wilson interval of `score` over items
     records: list[ItemRecord] = field(default_factory=list)
     source: str = "task"                     # "task" or "lm_eval"
 
@@ -123,13 +123,17 @@ def prompt_chars(messages: Messages) -> int:
 
 def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples: int = 1000,
                    bootstrap_seed: int = 0) -> CellResult:
-    """Score, mean reward, count and bootstrap interval of a list of graded items."""
+    """Score, mean reward, count and interval of a list of graded items: the Wilson score
+    interval of the fraction correct (:func:`clbench.metrics.aggregate.wilson_interval`;
+    honest at 0 and 1, where a percentile bootstrap has no width); none when
+    `bootstrap_samples` is 0 (the protocol's switch for cell intervals). `bootstrap_seed` is
+    kept for callers; the closed form draws nothing."""
     n = len(records)
     if n == 0:
         return CellResult(column, None, None, 0, None, [])
-    correct = [1.0 if r.correct else 0.0 for r in records]
-    interval = bootstrap_interval(correct, samples=bootstrap_samples, seed=bootstrap_seed)
-    return CellResult(column, sum(correct) / n, sum(r.reward for r in records) / n, n,
+    correct = sum(1 for r in records if r.correct)
+    interval = wilson_interval(correct, n) if bootstrap_samples > 0 else None
+    return CellResult(column, correct / n, sum(r.reward for r in records) / n, n,
                       interval.as_dict() if interval else None, list(records))
 
 

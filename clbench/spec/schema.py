@@ -250,8 +250,10 @@ class ProtocolSpec(Spec):
                                    "decoding.")
     diagnostics: DiagnosticsSpec = Field(default_factory=DiagnosticsSpec, description="Drift, "
                                          "artifact and collapse diagnostics after each stage.")
-    bootstrap_samples: int = Field(default=1000, ge=0, description="Bootstrap resamples of "
-                                   "items for each cell's interval (0 disables).")
+    bootstrap_samples: int = Field(default=1000, ge=0, description="Cell intervals: on when "
+                                   "above 0 (0 disables them). A cell's interval is the Wilson "
+                                   "score interval of its fraction correct, which keeps a width "
+                                   "at 0 and 1 where a percentile bootstrap has none.")
 
     @field_validator("diagnostics", mode="before")
     @classmethod
