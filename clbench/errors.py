@@ -31,6 +31,14 @@ class UserError(Exception):
     every_rank: bool = True
 
 
+class RunFailed(UserError):
+    """A run stopped by what happened in it, not by its input: a loss that diverged to NaN, a
+    method plugin that raised. The message says where; the run is marked failed with its
+    completed rows kept. Exit status 1."""
+
+    exit_code = 1
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived; handled like Ctrl-C, with the exit status of a SIGTERM (128 + 15)."""
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from rich.console import Console
 
 from clbench.atomic import atomic_write_json
-from clbench.errors import UserError, stop_of
+from clbench.errors import RunFailed, UserError, stop_of
 from clbench.plugins import registry
 from clbench.progress import run_progress
 from clbench.results import (
@@ -416,10 +416,14 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                                    ) from None
     except Exception as exc:
         result.status = "failed"
-        result.error = f"stage {stage}: {type(exc).__name__}: {exc}"
+        result.error = str(exc) if isinstance(exc, RunFailed) else \
+            f"stage {stage}: {type(exc).__name__}: {exc}"
         if main:
             write_results(run_dir / RESULTS_FILENAME, result)
-        log.exception("run failed")
+        if isinstance(exc, RunFailed):
+            log.error("run failed: %s", exc)
+        else:
+            log.exception("run failed")
         raise
     result.status = "complete"
     written = False

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_write_json
+from clbench.errors import RunFailed, UserError
 from clbench.run.rundir import (
     RunDirError,
     prune_checkpoints,
@@ -86,9 +87,18 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
         budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
         device=dist.device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
         dist=dist, train_model=train_model, save_progress=save_progress, resume=resume,
-        generation=run.model.generation)
+        generation=run.model.generation, nonfinite_loss=run.suite.protocol.nonfinite_loss)
     stage_ctx.work_dir.mkdir(parents=True, exist_ok=True)
-    report = method.train_stage(stage_ctx)
+    try:
+        report = method.train_stage(stage_ctx)
+    except (UserError, OSError):  # the user's to fix (a setting, a full disk): said as it is
+        raise
+    except Exception as exc:
+        plugin = f"{type(method).__module__}.{type(method).__qualname__}"
+        log.exception("stage %d: the method %s (%s) raised", stage, run.method.name, plugin)
+        raise RunFailed(f"stage {stage} ({spec.name}): the method {run.method.name!r} ({plugin}) "
+                        f"raised {type(exc).__name__}: {exc}. The traceback is in "
+                        f"{run_dir / 'run.log'} (--debug prints it)") from exc
     check_stage_report(run.method.name, stage, total, report)
     if resume:  # restore_loop empties it: a method that ignored it retrained from mid-stage
         raise RuntimeError(f"method {run.method.name!r} saved progress in the middle of stage "

@@ -240,6 +240,11 @@ class ProtocolSpec(Spec):
                                      "variants.")
     eval_size: int = Field(default=200, ge=1, description="Evaluation items per column unless "
                            "a task sets `eval_size`.")
+    nonfinite_loss: Literal["stop", "skip"] = Field(
+        default="stop", description="A training step whose loss or gradient norm is NaN or "
+        "infinite: `stop` ends the run there, marked failed with the stage and step named (its "
+        "completed rows kept); `skip` leaves that step's update out (its schedule still "
+        "advances) and counts it in the stage's `skipped_steps`.")
     split: Literal["eval", "validation"] = Field(
         default="eval", description="Which items score the task columns: `eval`, the tasks' "
         "evaluation split, or `validation`, items of their training split that the run never "
@@ -311,6 +316,11 @@ MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True,
                                      "protocol": {"diagnostics": True}}
 
 
+#: Fields added after suites were first hashed, at a default that measures what runs before them
+#: measured: hashed only when a suite sets another value, so adding them orphans no result.
+HASHED_WHEN_CHANGED: tuple[tuple[str, str, Any], ...] = (("protocol", "nonfinite_loss", "stop"),)
+
+
 class SuiteSpec(Spec):
     """A continual-learning suite: an ordered stream of stages, held-out probes and a protocol."""
 
@@ -356,8 +366,11 @@ class SuiteSpec(Spec):
         does not make another suite (nor turn a run folder into another run's). Nor do the
         per-method `methods` settings (a run's method config records those in force) or the
         diagnostics (see :data:`MEASURED_EXCLUDES`)."""
-        canonical = json.dumps(self.model_dump(mode="json", exclude=MEASURED_EXCLUDES),
-                               sort_keys=True, separators=(",", ":"))
+        content = self.model_dump(mode="json", exclude=MEASURED_EXCLUDES)
+        for section, name, default in HASHED_WHEN_CHANGED:
+            if content.get(section, {}).get(name) == default:
+                del content[section][name]
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 

@@ -104,6 +104,7 @@ class StageContext:
     # stage given back and left untouched is an error).
     resume: dict[str, Any] | None = None
     generation: str = "loop"               # the generator's engine (`ModelSpec.generation`)
+    nonfinite_loss: str = "stop"           # a NaN/inf step: `stop` or `skip` (the protocol's)
 
     def __post_init__(self) -> None:
         if self.dist is None:

@@ -29,11 +29,14 @@ any process takes no forward or backward (the schedule still advances).
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from clbench.errors import RunFailed
 from clbench.train.api import StageReport
 from clbench.train.losses import token_mean
 from clbench.train.optim import (
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
     import torch
 
     from clbench.train.api import StageContext
+
+log = logging.getLogger("clbench.train.loop")
 
 
 @dataclass(kw_only=True)
@@ -209,12 +214,31 @@ class TrainingLoop:
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         with self.clock.phase("step"):
-            grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler,
-                                           self.settings.max_grad_norm)
+            finite = dist.sum_int(0 if math.isfinite(total_loss) else 1) == 0  # alike on all
+            grad_norm, lr, updated = optimizer_step(self.model, self.optimizer, self.scheduler,
+                                                    self.settings.max_grad_norm, finite)
         self.model.eval()
+        record = {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, **sums}
+        if not updated:
+            self.counters.add("skipped_steps", 1)
+            return {"nonfinite": record}
         self.counters.add("trained_tokens", hooks.supervised_tokens(batch))
         self.counters.add("optimizer_steps", 1)
-        return {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, **sums}
+        return record
+
+    def _nonfinite(self, step: int, values: dict[str, float]) -> dict[str, float]:
+        """A step whose loss or gradient norm is not finite: the run stops (the protocol's
+        `nonfinite_loss: stop`) or the step's record keeps its finite values and says it was
+        skipped (`skip`); no NaN reaches a record, a summary or a table."""
+        ctx = self.ctx
+        where = (f"stage {ctx.stage_index} ({ctx.stage_name}) step {step + 1} of "
+                 f"{ctx.budget.steps}: loss {values['loss']:.4g}, gradient norm "
+                 f"{values['grad_norm']:.4g}")
+        if ctx.nonfinite_loss != "skip":
+            raise RunFailed(f"{where}: training diverged, so the run stops here "
+                            "(protocol.nonfinite_loss: stop; `skip` leaves such steps out)")
+        log.warning("%s: the step is skipped (protocol.nonfinite_loss: skip)", where)
+        return {**{k: v for k, v in values.items() if math.isfinite(v)}, "skipped_step": 1.0}
 
     def run(self) -> StageReport:
         """Every optimizer step of the stage, under the run's autocast; each step's record goes
@@ -238,7 +262,10 @@ class TrainingLoop:
             started = time.perf_counter()
             if batch is None or step % every == 0:
                 batch, batch_stats = self.new_batch(step)
-            record: dict[str, Any] = {"step": step + 1, **self.update(batch)}
+            update = self.update(batch)
+            if "nonfinite" in update:
+                update = self._nonfinite(step, update["nonfinite"])
+            record: dict[str, Any] = {"step": step + 1, **update}
             record.update(hooks.step_stats(batch))
             record.update(batch_stats)
             record.update(hooks.after_step(self, step))

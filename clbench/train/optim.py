@@ -150,17 +150,23 @@ def clip_gradients(model: torch.nn.Module, max_norm: float | None) -> float:
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                   max_grad_norm: float | None) -> tuple[float, float]:
-    """Clip, step the optimizer and the schedule, clear gradients; return (grad norm, lr used).
+                   max_grad_norm: float | None, loss_finite: bool = True
+                   ) -> tuple[float, float, bool]:
+    """Clip, step the optimizer and the schedule, clear gradients; return (grad norm, lr used,
+    whether the weights were updated). A non-finite loss (`loss_finite` False, decided alike
+    on every rank) or gradient norm updates nothing: the gradients are cleared and only the
+    schedule advances.
 
     With several processes the gradients are already averaged over the ranks (DDP, replicated
     parameters), so every rank computes the same norm and clips alike."""
     grad_norm = clip_gradients(model, max_grad_norm)
     lr = optimizer.param_groups[0]["lr"]
-    optimizer.step()
+    update = loss_finite and math.isfinite(grad_norm)
+    if update:
+        optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return grad_norm, lr
+    return grad_norm, lr, update
 
 
 def step_examples(items: Sequence[T], per_step: int, step: int, seed: int, *,
