@@ -211,8 +211,8 @@ def _load_pretrained(name_or_path: str, dtype: torch.dtype, revision: str | None
         where = "local folder" if local.exists() else "hub id (is the hub reachable?)"
         hint = ""
         if "trust_remote_code" in str(exc) and not trust_remote_code:
-            hint = ("\nThe model ships its own code; if you trust its authors set "
-                    "`trust_remote_code: true` in the model spec.")
+            hint = ("\nThe model ships its own code; if you trust its authors, pass "
+                    "--trust-remote-code.")
         raise ModelLoadError(f"cannot load model {name_or_path!r} as a {where}: {exc}{hint}"
                              ) from None
     return model, tokenizer

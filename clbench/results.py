@@ -41,7 +41,7 @@ from pydantic import (
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
 from clbench.spec.reading import describe_validation_error
-from clbench.spec.schema import RunSpec, SuiteSpec
+from clbench.spec.schema import NAME_PATTERN, RunSpec, SuiteSpec
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +81,8 @@ class Record(BaseModel):
 class Column(Record):
     """One column of R: a stream task (trained in stage `stage`) or a held-out probe."""
 
-    name: str
+    name: str = Field(pattern=NAME_PATTERN, description="As the suite names it (it names the "
+                      "column's item files, so a results file cannot point outside its run).")
     kind: ColumnKind
     higher_is_better: bool = True
     stage: int | None = Field(default=None, ge=1, description="1-based stage that trains this "

@@ -147,7 +147,7 @@ def _remote_code_folder(tmp_path: Path) -> Path:
 
 def test_repository_code_runs_only_when_the_spec_allows_it(tmp_path: Path) -> None:
     folder = _remote_code_folder(tmp_path)
-    with pytest.raises(ModelLoadError, match="set `trust_remote_code: true` in the model spec"):
+    with pytest.raises(ModelLoadError, match="if you trust its authors, pass --trust-remote-code"):
         load_model(ModelSpec(name=str(folder)), device="cpu")
     model, _ = load_model(ModelSpec(name=str(folder), trust_remote_code=True), device="cpu")
     assert getattr(model, "ran_repository_code", False) is True

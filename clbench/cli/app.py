@@ -26,6 +26,11 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 # Options shared by `run` and `sweep`.
 device_option = click.option("--device", default="auto", show_default=True,
                              metavar="auto|cpu|cuda[:N]", help="Where to train and evaluate.")
+trust_remote_code_option = click.option(
+    "--trust-remote-code", is_flag=True,
+    help="Let a hub model's repository run its own Python code (transformers' "
+         "trust_remote_code). Only this flag allows it, never a suite or an override; the run "
+         "records it. Use it for repositories you trust.")
 checkpoint_minutes_option = click.option(
     "--checkpoint-minutes", type=click.FloatRange(min=0), default=15.0, show_default=True,
     metavar="MINUTES",

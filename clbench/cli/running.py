@@ -20,6 +20,7 @@ from clbench.cli.app import (
     not_empty,
     parse_sets,
     stdout_console,
+    trust_remote_code_option,
 )
 from clbench.errors import UserError
 from clbench.seeding import MAX_SEED
@@ -50,6 +51,7 @@ from clbench.seeding import MAX_SEED
 @device_option
 @no_base_cache_option
 @checkpoint_minutes_option
+@trust_remote_code_option
 @click.option("--joint", is_flag=True,
               help="The joint reference run: train one stage on every stream task at once "
                    "(their steps summed) instead of stage by stage; `clbench report` uses its "
@@ -62,8 +64,8 @@ from clbench.seeding import MAX_SEED
                    "training steps per stage, on a copy of the model; nothing is written).")
 def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
                 sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
-                no_base_cache: bool, checkpoint_minutes: float, joint: bool,
-                plan_only: bool, estimate: bool) -> None:
+                no_base_cache: bool, checkpoint_minutes: float, trust_remote_code: bool,
+                joint: bool, plan_only: bool, estimate: bool) -> None:
     """Benchmark a method on a suite: train stage by stage and fill the accuracy matrix.
 
     \b
@@ -82,7 +84,8 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
                          overrides=parse_sets(sets), model=model_name, device=device,
                          reuse_base_row=not no_base_cache,
-                         checkpoint_minutes=checkpoint_minutes, joint=joint)
+                         checkpoint_minutes=checkpoint_minutes, joint=joint,
+                         trust_remote_code=trust_remote_code)
     config = registry.validate_method_params(run.method.name, run.method.params, where="method")
     console = stdout_console()
     if estimate and not plan_only:
@@ -141,6 +144,7 @@ def _print_estimate(run: Any, console: Console) -> None:
 @device_option
 @no_base_cache_option
 @checkpoint_minutes_option
+@trust_remote_code_option
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
               metavar="N",
               help="Runs at once, each a `clbench run` process logging to <out>/logs/ (1: one "
@@ -152,8 +156,8 @@ def _print_estimate(run: Any, console: Console) -> None:
                    "runs beside them their intransigence.")
 def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
                   sets: tuple[str, ...], model_name: str | None, device: str,
-                  no_base_cache: bool, checkpoint_minutes: float, jobs: int,
-                  joint: bool) -> None:
+                  no_base_cache: bool, checkpoint_minutes: float, trust_remote_code: bool,
+                  jobs: int, joint: bool) -> None:
     """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
 
     Ends with a comparison table: mean ± std over seeds per method (n = seeds). A run that
@@ -185,7 +189,8 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
     sweep.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
                 model=model_name, device=device, reuse_base_row=not no_base_cache, jobs=jobs,
-                checkpoint_minutes=checkpoint_minutes, joint=joint, console=stdout_console())
+                checkpoint_minutes=checkpoint_minutes, joint=joint, console=stdout_console(),
+                trust_remote_code=trust_remote_code)
 
 
 @cli.command("report")

@@ -123,8 +123,13 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
                    out_dir: str | os.PathLike[str] | None = None,
                    overrides: Sequence[str] = (), model: str | None = None,
                    device: str = "auto", reuse_base_row: bool = True,
-                   checkpoint_minutes: float = 15.0, joint: bool = False) -> RunSpec:
-    """Everything one run needs, validated: suite (with overrides), method, model, seed."""
+                   checkpoint_minutes: float = 15.0, joint: bool = False,
+                   trust_remote_code: bool = False) -> RunSpec:
+    """Everything one run needs, validated: suite (with overrides), method, model, seed.
+
+    A model's own code runs only with `trust_remote_code` (the CLI's --trust-remote-code): a
+    suite or an override that sets `model.trust_remote_code` is refused, so no file a user
+    was handed runs code."""
     method_sets, model_sets, suite_sets = split_overrides(overrides)
     path = resolve_suite(suite_ref)
     suite = load_suite(path, suite_sets)
@@ -135,6 +140,11 @@ def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: in
         model_data["name"] = model
     model_data = apply_overrides(model_data, model_sets)
     model_spec = _validate_at(ModelSpec, model_data, "model")
+    if model_spec.trust_remote_code:
+        raise SpecError("model.trust_remote_code: a suite or an override cannot let a model "
+                        "run its own code; pass --trust-remote-code to clbench run or sweep "
+                        "if you trust the model's repository")
+    model_spec = model_spec.model_copy(update={"trust_remote_code": trust_remote_code})
     if model_spec.name != suite.model.name:  # the suite's own was checked with the suite
         try:
             check_model_name(model_spec.name)

@@ -21,7 +21,9 @@ from clbench.seeding import MAX_SEED
 DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:\d+)?)$"
 
 SUITE_SCHEMA_VERSION = 1
-_NAME = r"^[a-z0-9][a-z0-9_.\-]*$"
+#: Suite, stage and probe (column) names: they name folders and files of a run, so no path
+#: separator and no leading dot.
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_.\-]*$"
 
 
 class Spec(BaseModel):
@@ -66,7 +68,7 @@ class Budget(Spec):
 class StageSpec(Spec):
     """One stage of the stream: a task to learn under a budget."""
 
-    name: str = Field(pattern=_NAME, description="Column name of the stage's task in the "
+    name: str = Field(pattern=NAME_PATTERN, description="Column name of the stage's task in the "
                       "accuracy matrix, e.g. `math`.")
     task: TaskSpec = Field(description="The task learned in this stage.")
     budget: Budget = Field(description="Training budget of the stage.")
@@ -114,7 +116,7 @@ class LmEvalProbe(Spec):
 class ProbeSpec(Spec):
     """A held-out column: an OOD task (never trained on) or an lm-eval general-ability probe."""
 
-    name: str = Field(pattern=_NAME, description="Column name of the probe.")
+    name: str = Field(pattern=NAME_PATTERN, description="Column name of the probe.")
     kind: Literal["ood", "general"] = Field(default="ood", description="`ood`: a distribution-"
                                             "shifted task; `general`: general ability.")
     task: TaskSpec | None = Field(default=None, description="A clbench task (give this or "
@@ -326,7 +328,7 @@ class SuiteSpec(Spec):
 
     schema_version: int = Field(default=SUITE_SCHEMA_VERSION, description="Version of this "
                                 "suite format.")
-    name: str = Field(pattern=_NAME, description="Suite name.")
+    name: str = Field(pattern=NAME_PATTERN, description="Suite name.")
     version: str = Field(default="1", description="Version of the suite's content; bump it when "
                          "items or budgets change.")
     description: str = Field(default="", description="What the suite measures.")

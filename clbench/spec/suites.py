@@ -184,8 +184,14 @@ def method_settings(suite: SuiteSpec, method: str, overrides: Sequence[str] = ()
 
 def default_out_dir(suite_name: str, method: str, seed: int) -> str:
     """Where a run's results go unless `--out` says otherwise (a method named by its location,
-    `package.module:Class`, in a folder `package.module.Class`)."""
-    return str(Path("runs") / suite_name / method.replace(":", ".") / f"s{seed}")
+    `package.module:Class`, in a folder `package.module.Class`). A name that would leave
+    `runs/` (a path separator, `..`) is refused: names come from plugins and files."""
+    parts = [suite_name, method.replace(":", ".")]
+    for part in parts:
+        if not part or part in (".", "..") or any(sep in part for sep in ("/", "\\", "\0")):
+            raise SpecError(f"{part!r} cannot name a run folder (it would lead out of runs/); "
+                            "pass --out")
+    return str(Path("runs", *parts, f"s{seed}"))
 
 
 def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str], list[str]]:

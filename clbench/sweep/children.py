@@ -85,6 +85,8 @@ class ChildLauncher:
         command += ["--checkpoint-minutes", repr(run.checkpoint_minutes)]
         if run.joint:
             command.append("--joint")
+        if run.model.trust_remote_code:
+            command.append("--trust-remote-code")
         return command
 
     def environment(self) -> dict[str, str]:

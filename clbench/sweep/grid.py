@@ -45,7 +45,8 @@ from clbench.sweep.children import (
 def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
           overrides: Sequence[str] = (), model: str | None = None, device: str = "auto",
           reuse_base_row: bool = True, jobs: int = 1, checkpoint_minutes: float = 15.0,
-          joint: bool = False, console: Console | None = None) -> dict[str, Any]:
+          joint: bool = False, console: Console | None = None,
+          trust_remote_code: bool = False) -> dict[str, Any]:
     """Run methods x seeds into `out_root/<method>/s<seed>` (`joint`: their joint references,
     into `out_root/<method>-joint/s<seed>`): complete runs are skipped, partial ones resumed;
     `jobs` > 1 runs up to that many at once as child processes. Ends with the comparison table
@@ -73,7 +74,7 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     runs = [build_run_spec(suite_ref, m, seed=s, out_dir=out_root / f"{m}{suffix}" / f"s{s}",
                            overrides=overrides, model=model, device=device,
                            reuse_base_row=reuse_base_row, checkpoint_minutes=checkpoint_minutes,
-                           joint=joint)
+                           joint=joint, trust_remote_code=trust_remote_code)
             for m in dict.fromkeys(methods) for s in dict.fromkeys(seeds)]
     pending = []
     for run in runs:
