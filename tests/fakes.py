@@ -18,6 +18,7 @@ import os
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from click.testing import CliRunner
@@ -200,8 +201,32 @@ def write_suite(folder: Path, text: str = SUITE) -> Path:
     return path
 
 
+PAUSE_SAVE_ENV = "CLBENCH_TEST_PAUSE_IN_SAVE"  # the n-th weights file written, then a wait
+
+
+def _pause_in_nth_save() -> Any:
+    """`safetensors.torch.save_model` that waits (to be killed) once it has written its n-th
+    file, inside the checkpoint's temp folder, before the folder is renamed into place."""
+    import contextlib
+
+    import safetensors.torch
+
+    if PAUSE_SAVE_ENV not in os.environ:
+        return contextlib.nullcontext()
+    real, calls = safetensors.torch.save_model, [0]
+
+    def save_model(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] == int(os.environ[PAUSE_SAVE_ENV]):
+            _pause_here(PAUSE_ENV + "_MARKER")
+        return out
+
+    return mock.patch.object(safetensors.torch, "save_model", save_model)
+
+
 def run_cli(args: list[str]) -> Any:
     from clbench.cli import cli
 
-    with registry.extra_plugins(**PLUGINS):
+    with registry.extra_plugins(**PLUGINS), _pause_in_nth_save():
         return CliRunner().invoke(cli, args, catch_exceptions=False)

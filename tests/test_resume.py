@@ -98,6 +98,34 @@ def test_sigkill_mid_stage_then_resume_matches_uninterrupted_run(tmp_path: Path)
 
 
 @pytest.mark.slow
+def test_sigkill_while_a_checkpoint_is_written_then_resume_matches_uninterrupted_run(
+        tmp_path: Path) -> None:
+    from fakes import PAUSE_SAVE_ENV, SUITE, run_cli, write_suite
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 3"))
+    common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--seed", "5",
+              "--device", "cpu", "--no-base-cache"]
+    straight = tmp_path / "straight"
+    assert run_cli(common + ["--out", str(straight)]).exit_code == 0
+
+    # the second weights file written is stage 2's checkpoint: killed with it half in place
+    killed = tmp_path / "killed"
+    code, _ = _signal_mid_stage_2(common + ["--out", str(killed)], tmp_path, signal.SIGKILL,
+                                  pause=(PAUSE_SAVE_ENV, "2"))
+    assert code == -signal.SIGKILL
+    assert (killed / "checkpoints" / "stage1" / "state.pt").is_file()  # the last whole one
+    assert not (killed / "checkpoints" / "stage2").exists()  # never half a checkpoint
+    res = run_cli(common + ["--out", str(killed), "--resume"])
+    assert res.exit_code == 0, res.output
+    assert "resuming after stage 1" in res.output
+    a, b = read_results(straight / "results.json"), read_results(killed / "results.json")
+    assert b.status == "complete" and b.score_matrix() == a.score_matrix()
+    assert _items(killed) == _items(straight)
+    assert [s.summary for s in b.stages] == [s.summary for s in a.stages]
+    assert not [p for p in (killed / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sig, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130)])
 def test_a_stop_mid_evaluation_keeps_the_trained_stage_and_the_saved_columns(
         tmp_path: Path, sig: int, code: int) -> None:
