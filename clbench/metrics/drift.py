@@ -31,9 +31,11 @@ all of them.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -124,18 +126,35 @@ def changed_fraction(w0: torch.Tensor, w1: torch.Tensor, rtol: float) -> float:
 
 def principal_mask(u: torch.Tensor, s: torch.Tensor, v: torch.Tensor, fraction: float
                    ) -> torch.Tensor:
-    """Boolean mask of the `fraction` largest-magnitude entries of the reconstruction
-    u diag(s) v^T (at least one entry). The reconstruction is computed in float64 block by
-    block and ranked in float32 (ties at the threshold aside, the same entries)."""
+    """The mask of the `fraction` largest-magnitude entries of the reconstruction
+    u diag(s) v^T (at least one entry), as packed bits (uint8, eight entries a byte: a profile
+    is kept between stages, and a byte per entry was 135 MB a side on the embedded model). The
+    reconstruction is computed in float64 block by block and ranked in float32 (ties at the
+    threshold aside, the same entries)."""
+    import numpy as np
+
     magnitude = torch.empty(u.shape[0], v.shape[0], dtype=torch.float32)
     scaled = u * s
     for rows in _row_blocks(u.shape[0]):
         magnitude[rows] = (scaled[rows] @ v.T).abs()
     flat = magnitude.flatten()
     count = max(1, round(fraction * flat.numel()))
-    mask = torch.zeros_like(flat, dtype=torch.bool)
-    mask[torch.topk(flat, count, sorted=False).indices] = True
-    return mask
+    mask = np.zeros(flat.numel(), dtype=bool)
+    mask[torch.topk(flat, count, sorted=False).indices.numpy()] = True
+    return torch.from_numpy(np.packbits(mask))
+
+
+@functools.cache
+def _popcount() -> Any:
+    """The number of set bits of each byte value (a lookup table)."""
+    import numpy as np
+
+    return np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(1)
+
+
+def _bits(packed: torch.Tensor) -> int:
+    """How many bits are set in a packed mask."""
+    return int(_popcount()[packed.numpy()].sum())
 
 
 @dataclass(frozen=True)
@@ -147,7 +166,7 @@ class Profile:
     u: torch.Tensor       # [m, k]
     s: torch.Tensor       # [k]
     v: torch.Tensor       # [n, k]
-    mask: torch.Tensor    # [m * n] bool: the principal mask
+    mask: torch.Tensor    # [ceil(m * n / 8)] uint8: the principal mask, packed bits
 
 
 def profile(w: torch.Tensor, settings: DriftSettings = DriftSettings()) -> Profile:
@@ -202,8 +221,8 @@ def drift_between(w0: torch.Tensor, p0: Profile, w1: torch.Tensor, p1: Profile,
     if w0.shape != w1.shape or w0.dim() != 2:
         raise ValueError(f"drift compares two matrices of one shape, got {tuple(w0.shape)} and "
                          f"{tuple(w1.shape)}")
-    union = int((p0.mask | p1.mask).sum())
-    overlap = int((p0.mask & p1.mask).sum()) / union if union else 1.0
+    union = _bits(p0.mask | p1.mask)
+    overlap = _bits(p0.mask & p1.mask) / union if union else 1.0
     return MatrixDrift(nss=nss(p0.sigma, p1.sigma), left_angle=max_principal_angle(p0.u, p1.u),
                        right_angle=max_principal_angle(p0.v, p1.v),
                        changed_fraction=changed_fraction(w0.detach(), w1.detach(),

@@ -54,9 +54,8 @@ class PromptDistance:
             if plan.name not in self.columns:
                 self.columns[plan.name] = self._embed(plan.examples)
             j = names.index(plan.name)
-            change = None
-            if now[j] is not None and before[j] is not None:
-                change = now[j].score - before[j].score  # type: ignore[union-attr]
+            a, b = (None if c is None else c.score for c in (now[j], before[j]))
+            change = None if a is None or b is None else a - b
             columns[plan.name] = {"mmd": mmd(trained, self.columns[plan.name]),
                                   "change": change}
         return {"embedding": EMBEDDING_MODEL, "max_prompts": self.spec.max_prompts,
