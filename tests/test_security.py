@@ -31,6 +31,10 @@ def test_a_suite_or_an_override_cannot_let_a_model_run_its_own_code(tmp_path: Pa
     planned = CliRunner().invoke(cli, ["run", "--suite", str(suite), "--method", "sft", "--plan"])
     assert planned.exit_code == 2
     assert "pass --trust-remote-code" in " ".join(planned.output.split())
+    validated = CliRunner().invoke(cli, ["validate", str(suite)])  # refused alike
+    assert validated.exit_code == 2
+    assert "model (line" in validated.output and "cannot let a model run its own code" in \
+        " ".join(validated.output.split())
     with pytest.raises(SpecError, match="a suite or an override cannot let a model run"):
         build_run_spec("smoke", "sft", overrides=["model.trust_remote_code=true"])
 

@@ -351,6 +351,15 @@ class SuiteSpec(Spec):
             raise ValueError(f"this clbench reads suite schema_version {SUITE_SCHEMA_VERSION}")
         return v
 
+    @field_validator("model")
+    @classmethod
+    def _no_model_code(cls, model: ModelSpec) -> ModelSpec:
+        if model.trust_remote_code:
+            raise ValueError("trust_remote_code: a suite cannot let a model run its own code; "
+                             "pass --trust-remote-code to clbench run or sweep if you trust the "
+                             "model's repository")
+        return model
+
     @model_validator(mode="after")
     def _unique_columns(self) -> SuiteSpec:
         seen: set[str] = set()
