@@ -198,7 +198,12 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
 @click.option("--markdown", "as_markdown", is_flag=True,
               help="Print Markdown tables instead (for a paper, a README or a pull request).")
-def report_command(run_dirs: tuple[str, ...], as_json: bool, as_markdown: bool) -> None:
+@click.option("--compare", is_flag=True,
+              help="Also each pair of methods' differences in ACC, BWT, forgetting and OOD "
+                   "delta, with a 95% seed-and-item bootstrap interval and whether it leaves "
+                   "out 0 (complete runs of one suite).")
+def report_command(run_dirs: tuple[str, ...], as_json: bool, as_markdown: bool,
+                   compare: bool) -> None:
     """Print the matrix, metrics and cost of runs, the comparison over seeds and the cost per run.
 
     A RUN_DIR holds a results.json, or is a folder searched for them (e.g. a sweep's root),
@@ -209,6 +214,7 @@ def report_command(run_dirs: tuple[str, ...], as_json: bool, as_markdown: bool) 
       clbench report runs/starter
       clbench report runs/starter/sdpo/s0 --json
       clbench report runs/starter --markdown > results.md
+      clbench report leaderboard/results/starter/*.json --compare
     """
     from clbench.report import runs as reporting
 
@@ -217,4 +223,5 @@ def report_command(run_dirs: tuple[str, ...], as_json: bool, as_markdown: bool) 
     console = stdout_console()
     if as_json or as_markdown:
         console = Console(file=sys.stdout, highlight=False, soft_wrap=True, color_system=None)
-    reporting.report(list(run_dirs), as_json=as_json, as_markdown=as_markdown, console=console)
+    reporting.report(list(run_dirs), as_json=as_json, as_markdown=as_markdown, console=console,
+                     compare=compare)

@@ -225,8 +225,11 @@ def cost_tables(cost_data: dict[str, Any]) -> list[tuple[str, list[str], list[li
 
 
 def print_comparison(console: Console, table_data: dict[str, Any],
-                     cost_data: dict[str, Any] | None = None) -> None:
-    for title, header, rows in comparison_tables(table_data) + cost_tables(cost_data or {}):
+                     cost_data: dict[str, Any] | None = None,
+                     extra_tables: Sequence[tuple[str, list[str], list[list[str]]]] = ()
+                     ) -> None:
+    for title, header, rows in [*comparison_tables(table_data), *cost_tables(cost_data or {}),
+                                *extra_tables]:
         table = Table(title=escape(title))
         table.add_column(escape(header[0]), style="bold")
         for n in header[1:]:

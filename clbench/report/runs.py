@@ -183,9 +183,12 @@ def collect_results(run_dirs: Sequence[str | Path], skipped: list[str] | None = 
 
 
 def report(run_dirs: Sequence[str | Path], as_json: bool = False,
-           console: Console | None = None, as_markdown: bool = False) -> dict[str, Any]:
+           console: Console | None = None, as_markdown: bool = False,
+           compare: bool = False) -> dict[str, Any]:
     """Print each run's matrix and metrics and the comparison over seeds (or JSON, or
-    Markdown tables to paste into a paper or a README)."""
+    Markdown tables to paste into a paper or a README); with `compare`, each pair of methods'
+    differences with their seed-and-item bootstrap intervals
+    (:mod:`clbench.report.pairwise`)."""
     console = console or Console()
     skipped: list[str] = []
     corrected: list[str] = []
@@ -217,6 +220,13 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
                       "standing": standing(d, r)}
                      for d, r in found],
             "comparison": comparison(groups), "cost": cost_comparison(groups)}
+    pairwise_tables: list[tuple[str, list[str], list[list[str]]]] = []
+    if compare:
+        from clbench.report.comparison import suite_titles
+        from clbench.report.pairwise import difference_tables, pairwise_differences
+
+        data["pairwise"] = pairwise_differences(groups)
+        pairwise_tables = difference_tables(data["pairwise"], suite_titles(data["pairwise"]))
     if skipped:
         data["skipped"] = skipped
     if corrected:
@@ -225,9 +235,10 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
         console.print_json(json.dumps(data))
     elif as_markdown:
         console.file.write(markdown_report(found, data["comparison"], [*skipped, *(
-            f"{line}; the recomputed value is shown" for line in corrected)], data["cost"]))
+            f"{line}; the recomputed value is shown" for line in corrected)], data["cost"],
+            pairwise_tables))
     else:
-        print_comparison(console, data["comparison"], data["cost"])
+        print_comparison(console, data["comparison"], data["cost"], pairwise_tables)
     return data
 
 
@@ -244,7 +255,9 @@ def _md_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
 
 
 def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[str, Any],
-                    skipped: Sequence[str] = (), cost_data: dict[str, Any] | None = None) -> str:
+                    skipped: Sequence[str] = (), cost_data: dict[str, Any] | None = None,
+                    extra_tables: Sequence[tuple[str, list[str], list[list[str]]]] = ()
+                    ) -> str:
     """`clbench report --markdown`: each run's R, compute and metrics, then the comparison over
     seeds. R's cells are scores; the item count of each column is said under the table (a cell
     whose count differs from its column's says it in the cell)."""
@@ -277,7 +290,8 @@ def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[st
     if incomplete:
         out += ["", "Not complete (left out of the comparison): "
                     f"{md_escape(', '.join(incomplete))}."]
-    for title, header, rows in comparison_tables(table_data) + cost_tables(cost_data or {}):
+    for title, header, rows in [*comparison_tables(table_data), *cost_tables(cost_data or {}),
+                                *extra_tables]:
         out += ["", f"### {md_escape(title)}", "", *_md_table(header, rows)]
     return "\n".join(out).strip() + "\n"
 
