@@ -134,3 +134,12 @@ def test_a_full_disk_while_saving_a_stage_is_one_message_and_keeps_what_was_save
     assert resumed.exit_code == 0, resumed.output
     assert read_results(out / "results.json").status == "complete"
     assert json.loads((out / "results.json").read_text())["matrix"][2] is not None
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_message(tmp_path: Path) -> None:
+    result = _run(Path("/proc/clbench-cannot-be-here"))
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.split())
+    assert ("cannot create or lock the run folder /proc/clbench-cannot-be-here (No such file or "
+            "directory); choose another --out") in flat
+    assert "Traceback" not in result.output

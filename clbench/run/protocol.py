@@ -179,7 +179,8 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
             except RunDirError as exc:
                 refusal = str(exc)
             except OSError as exc:  # e.g. a read-only folder: said to every rank, none left waiting
-                refusal = f"cannot lock {run_dir} to run in it: {exc}"
+                refusal = (f"cannot create or lock the run folder {run_dir} "
+                           f"({exc.strerror or exc}); choose another --out")
         refusal = dist.broadcast(refusal)
         if refusal is not None:
             raise RunDirError(refusal)
