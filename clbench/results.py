@@ -46,7 +46,7 @@ from clbench.spec.schema import NAME_PATTERN, RunSpec, SuiteSpec
 if TYPE_CHECKING:
     import torch
 
-RESULTS_SCHEMA_VERSION = "1.1"  # 1.1: `joint`
+RESULTS_SCHEMA_VERSION = "1.2"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined)
 RESULTS_FILENAME = "results.json"
 
 RunStatus = Literal["complete", "partial", "failed", "collapsed"]
