@@ -108,3 +108,23 @@ def test_config_rejects_nonsense() -> None:
         GRPO({"eps_low": 1.5})
     with pytest.raises(ValueError, match="extra"):
         GRPO({"clip": 0.2})
+
+
+def test_generation_batch_size_splits_the_steps_rollouts(tmp_path: Path, monkeypatch) -> None:
+    """16 rollouts a step (4 prompts x 4 samples) generated 4 at a time: four generate calls of
+    at most 4 rows each, and training goes on as usual."""
+    from clbench.train import decoding
+
+    sizes: list[int] = []
+    real = decoding.decode
+
+    def decode(model, input_ids, *args, **kwargs):
+        sizes.append(input_ids.shape[0])
+        return real(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(decoding, "decode", decode)
+    steps = run_grpo(tmp_path, steps=2, generation_batch_size=4)
+    assert len(steps) == 2 and sizes == [4] * 8
+    sizes.clear()
+    run_grpo(tmp_path, steps=1)
+    assert sizes == [16]  # the whole share at once by default
