@@ -67,7 +67,8 @@ test-browser: setup
 # the exception: it stays the one `setup` installs, since older CPU builds come only from
 # PyTorch's own index.
 test-lowest: setup
-	@test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	rm -rf $(LOWEST)  # made afresh: an installed version that satisfies a floor would be kept
+	$(PYTHON) -m venv $(LOWEST)
 	@$(call install_torch,$(LOWEST)/bin/python)
 	$(PIP) install -q uv
 	$(LOWEST)/bin/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])" > $(LOWEST)/torch-override.txt

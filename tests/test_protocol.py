@@ -342,9 +342,21 @@ def test_diagnostics_in_the_old_list_form_are_refused_with_the_new_form(tmp_path
 
 def test_a_run_on_the_static_cache_engine_scores_row_0_as_the_decode_loop(tmp_path: Path
                                                                          ) -> None:
+    import transformers
+
     from clbench.cli import cli
     from clbench.eval.column import read_records, records_path
+    from clbench.train.rollout import STATIC_CACHE_MIXED_PRECISION
 
+    version = tuple(int(p) for p in transformers.__version__.split(".")[:2])
+    if version < STATIC_CACHE_MIXED_PRECISION:  # the lowest-versions run: refused, said why
+        res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "grpo", "--out",
+                                       str(tmp_path / "old"), "--device", "cpu", "--set",
+                                       "model.generation=static", "--set",
+                                       "model.dtype=bfloat16"])
+        assert res.exit_code == 2 and "static under mixed precision needs transformers" in \
+            " ".join(res.output.split())
+        return
     rows = {}
     for engine in ("loop", "static"):
         out = tmp_path / engine

@@ -254,6 +254,10 @@ class Distributed:
 
         return list(gather_object(list(items)))
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is true on any rank (every rank gets the same answer)."""
+        return any(self.gather([bool(flag)]))
+
     def broadcast(self, obj: T) -> T:
         """The main process's `obj` on every rank."""
         if self.num_processes == 1:

@@ -214,7 +214,7 @@ class TrainingLoop:
                 for k, v in stats.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         with self.clock.phase("step"):
-            finite = dist.sum_int(0 if math.isfinite(total_loss) else 1) == 0  # alike on all
+            finite = not dist.any_rank(not math.isfinite(total_loss))  # alike on every rank
             grad_norm, lr, updated = optimizer_step(self.model, self.optimizer, self.scheduler,
                                                     self.settings.max_grad_norm, finite)
         self.model.eval()

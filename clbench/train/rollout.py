@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from clbench.errors import UserError
 from clbench.tasks.base import Messages, split_response_start
 from clbench.train import decoding
 
@@ -299,10 +300,33 @@ class HFGenerator(Generator):
             criteria.append(StopStringCriteria(stops, width))
         if min(row_caps) < max(row_caps):
             criteria.append(RowCapCriteria(row_caps, width))
+        if self.engine == "static":
+            check_static_cache_support(self.model.device.type)
         with checkpoint_defaults_hidden(self.model, config):
             result = self.model.generate(input_ids=input_ids, attention_mask=attention,
                                          generation_config=config, stopping_criteria=criteria)
         return result[:, width:].tolist()
+
+
+#: The first transformers whose static KV cache takes the keys of a mixed-precision forward
+#: (before it, a prefill's float32 keys and a decoding step's bf16 ones collide in the cache).
+STATIC_CACHE_MIXED_PRECISION = (5, 24)
+
+
+def check_static_cache_support(device_type: str) -> None:
+    """Refuse the `static` engine under autocast with a transformers that cannot run it."""
+    import torch
+    import transformers
+
+    if not torch.is_autocast_enabled(device_type):
+        return
+    found = tuple(int(part) for part in transformers.__version__.split(".")[:2]
+                  if part.isdigit())
+    if found < STATIC_CACHE_MIXED_PRECISION:
+        need = ".".join(map(str, STATIC_CACHE_MIXED_PRECISION))
+        raise UserError(f"model.generation: static under mixed precision needs transformers >= "
+                        f"{need} (this environment has {transformers.__version__}); upgrade "
+                        "it, or use model.generation: loop or model.mixed_precision: false")
 
 
 @contextmanager
