@@ -246,10 +246,7 @@ def _preallocated_layer() -> type:
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any
                    ) -> tuple[Any, Any]:
             if not self.is_initialized:
-                if _takes_values(type(self).lazy_initialization):
-                    self.lazy_initialization(key_states, value_states)
-                else:  # transformers 4.x: from the keys alone
-                    self.lazy_initialization(key_states)
+                self.lazy_initialization(key_states, value_states)
                 shape = (*key_states.shape[:2], self.capacity, key_states.shape[-1])
                 self.key_buffer = key_states.new_empty(shape)
                 self.value_buffer = value_states.new_empty(
@@ -302,13 +299,6 @@ def _preallocated_layer() -> type:
             super().reset()
 
     return PreallocatedLayer
-
-
-@functools.cache
-def _takes_values(method: Callable[..., Any]) -> bool:
-    """Whether a cache layer's `lazy_initialization` takes the values besides the keys (it
-    does from transformers 5)."""
-    return len(inspect.signature(method).parameters) >= 3  # self, key_states, value_states
 
 
 class StopScanner:
