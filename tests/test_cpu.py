@@ -4,7 +4,6 @@ processes of its node, unless the user chose with OMP_NUM_THREADS."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -86,38 +85,3 @@ def test_free_heap_memory_goes_back_to_the_system() -> None:
         libc.mallopt(m_mmap_threshold, 128 * 1024)  # glibc's defaults
         libc.mallopt(m_trim_threshold, 128 * 1024)
 
-
-MMAP_PROBE = """
-import ctypes, sys
-from clbench.train.cpu import fix_mmap_threshold
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype = ctypes.c_void_p
-libc.free.argtypes = [ctypes.c_void_p]
-class Info(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                                               "usmblks", "fsmblks", "uordblks", "fordblks",
-                                               "keepcost")]
-libc.mallinfo2.restype = Info
-if sys.argv[1] == "fixed":
-    assert fix_mmap_threshold()
-libc.free(libc.malloc(16 << 20))  # a freed 16 MiB mapping: glibc raises its threshold to it
-before = libc.mallinfo2().hblks
-blocks = [libc.malloc(1 << 20) for _ in range(16)]
-print(libc.mallinfo2().hblks - before)
-"""
-
-
-def test_a_fixed_mmap_threshold_keeps_megabyte_blocks_out_of_the_heap() -> None:
-    """After a large block is freed glibc serves 1 MiB blocks from its heap (0 own mappings);
-    with the threshold fixed each gets its own mapping (16), returned to the system when
-    freed."""
-    import subprocess
-
-    def mapped(mode: str) -> int:
-        env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
-        out = subprocess.run([sys.executable, "-c", MMAP_PROBE, mode], env=env, check=True,
-                             capture_output=True, text=True)
-        return int(out.stdout)
-
-    assert mapped("default") == 0
-    assert mapped("fixed") == 16

@@ -258,7 +258,8 @@ def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
     res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
                    "--out", str(tmp_path / "run")])
     assert res.exit_code == 2, res.output
-    assert "cannot create or lock the run folder" in " ".join(res.output.split()) and "Permission denied" in res.output
+    assert "cannot create or lock the run folder" in " ".join(res.output.split())
+    assert "Permission denied" in res.output
     assert len(broadcasts) == 1 and "Permission denied" in broadcasts[0]
 
 

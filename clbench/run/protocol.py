@@ -89,7 +89,7 @@ from clbench.run.stages import keep_trained_stage, train_stage, trained_report
 from clbench.seeding import derive_seed, seed_everything
 from clbench.spec.schema import RunSpec
 from clbench.tasks.base import TaskSizeError
-from clbench.train.cpu import fix_mmap_threshold, release_free_memory
+from clbench.train.cpu import release_free_memory
 
 if TYPE_CHECKING:
     from clbench.run.estimate import RunEstimate
@@ -150,7 +150,6 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
     leaves a `failed` result.
     """
     console = console or Console(quiet=True)
-    fix_mmap_threshold()  # before the model loads: the heap does not grow around its tensors
     run_dir = Path(run.out_dir)
     method = registry.build_method(run.method)
     method_config = method.config.model_dump(mode="json")

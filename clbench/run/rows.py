@@ -38,6 +38,7 @@ from clbench.plugins import registry
 from clbench.results import Cell
 from clbench.seeding import derive_seed
 from clbench.spec.schema import RunSpec, TaskSpec
+from clbench.train.cpu import release_free_memory
 
 if TYPE_CHECKING:
     from clbench.run.context import RunContext
@@ -186,6 +187,7 @@ def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
             on_saved()
         log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
         cells.append(cell)
+        release_free_memory()  # the column's KV caches and logits are freed: return their pages
     return cells
 
 

@@ -1,4 +1,4 @@
-"""The CPU cores a run may use, torch's thread count chosen from them, and the C heap.
+"""The CPU cores a run may use, and torch's thread count chosen from them.
 
 torch sizes its thread pool from the machine's cores, not from what this process may use: in a
 container limited to 2 CPUs of a 64-core host it starts 64 threads, and N runs (a sweep, or the
@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 #: cgroup v2's CPU limit: "<quota> <period>" in microseconds, or "max <period>" (none).
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
@@ -63,51 +62,21 @@ def use_cpu_share(processes_on_node: int = 1) -> int:
     return torch.get_num_threads()
 
 
-#: glibc's `mallopt` parameter for the size from which an allocation gets its own mapping.
-M_MMAP_THRESHOLD = -3
-#: The mmap threshold a run fixes: glibc's initial one.
-MMAP_THRESHOLD = 128 * 1024
-
-
-def _glibc() -> Any | None:
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    try:
-        libc = ctypes.CDLL(name)
-        libc.mallopt, libc.malloc_trim  # noqa: B018  (glibc has both; musl and macOS do not)
-    except (OSError, AttributeError):
-        return None
-    return libc
-
-
-def fix_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
-    """Give every allocation of `size` bytes or more its own mapping, returned to the system
-    when freed, for the rest of the process; False where there is no glibc, or when
-    `MALLOC_MMAP_THRESHOLD_` in the environment already chose.
-
-    glibc starts at 128 KiB but raises the threshold to the size of each mapped block freed
-    (up to 32 MiB), after which tensors of up to that size come from its heap; the heap then
-    holds long-lived and short-lived blocks side by side and cannot shrink where they
-    interleave. On the starter with every diagnostic this took a run's peak resident memory
-    from 5.8 to 7.1 GiB (docs/performance.md, "Memory with the diagnostics")."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    libc = _glibc()
-    return bool(libc is not None and libc.mallopt(M_MMAP_THRESHOLD, size))
-
-
 def release_free_memory() -> bool:
     """Hand the C heap's free pages back to the system (glibc's `malloc_trim`); False where
     there is no glibc. A stage frees its optimizer state and the diagnostics their transient
     copies, in blocks of a few megabytes that glibc keeps in its heap: without this the next
     stage's allocations land beside them and the process's resident memory climbs stage after
     stage (docs/performance.md measures it)."""
-    libc = _glibc()
-    if libc is None:
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
         return False
-    libc.malloc_trim(0)
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return False
+    trim(0)
     return True

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from clbench.errors import RunFailed
 from clbench.train.api import StageReport
+from clbench.train.cpu import release_free_memory
 from clbench.train.losses import token_mean
 from clbench.train.optim import (
     Counters,
@@ -270,6 +271,9 @@ class TrainingLoop:
             record.update(batch_stats)
             record.update(hooks.after_step(self, step))
             record["seconds"] = time.perf_counter() - started
+            # the step's activations and rollouts are freed: their heap pages go back, so the
+            # next step's allocations start from a heap without holes (docs/performance.md)
+            release_free_memory()
             record = self.dist.mean_record(record)
             report.steps.append(record)
             ctx.log_step(record)
