@@ -4,7 +4,9 @@ The loop owns what every method would otherwise repeat: the optimizer and learni
 (from the method's :class:`~clbench.train.optim.OptimizerSettings`), gradient checkpointing,
 autocast, micro-batches with gradient accumulation (only the last one all-reduces), clipping and
 the optimizer step, token counters and phase times, the per-step record (logged and kept in the
-stage report), and checkpoints in the middle of a stage with their resume. A method says what a
+stage report), and checkpoints in the middle of a stage with their resume. A step whose loss or
+gradient norm is not finite stops the run or is skipped (the protocol's `nonfinite_loss`); the
+heap's free pages go back to the system after every step. A method says what a
 step learns from through :class:`StepHooks`:
 
 - :meth:`~StepHooks.build_batch`: what step `step` trains on (SFT: the encoded reference
