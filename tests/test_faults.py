@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -116,14 +117,14 @@ def test_a_full_disk_while_saving_a_stage_is_one_message_and_keeps_what_was_save
         saves["n"] += 1
         if saves["n"] == 2:  # the second stage's checkpoint: the disk is full now
             Path(filename).write_bytes(b"partial")
-            raise OSError(error, __import__("os").strerror(error), filename)
+            raise OSError(error, os.strerror(error), filename)
         return real(model, filename, *args, **kwargs)
 
     monkeypatch.setattr(safetensors.torch, "save_model", save_model)
     result = _run(out, "--checkpoint-minutes", "1000")
     assert result.exit_code == 1, result.output
     message = " ".join(result.output.split())
-    assert __import__("os").strerror(error) in message and "Traceback" not in result.output
+    assert os.strerror(error) in message and "Traceback" not in result.output
     stored = read_results(out / "results.json")  # the results written before: whole, readable
     assert stored.status in ("partial", "failed") and len(stored.matrix) == 2
     checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
