@@ -75,7 +75,7 @@ class CellResult:
 
 def evaluate_column(column: str, task: TaskSource, examples: Sequence[Example],
                     generate: GenerateFn, *, batch_size: int, bootstrap_samples: int = 1000,
-                    bootstrap_seed: int = 0, progress: AnyProgress | None = None,
+                    progress: AnyProgress | None = None,
                     description: str | None = None) -> CellResult:
     """Generate a completion for every example in batches (of prompts of similar length),
     grade each, and summarise the cell.
@@ -113,7 +113,7 @@ def evaluate_column(column: str, task: TaskSource, examples: Sequence[Example],
         assert progress is not None
         progress.remove_task(bar)
     records = [graded[i] for i in range(len(examples))]
-    return summarise_cell(column, records, bootstrap_samples, bootstrap_seed)
+    return summarise_cell(column, records, bootstrap_samples)
 
 
 def prompt_chars(messages: Messages) -> int:
@@ -121,13 +121,12 @@ def prompt_chars(messages: Messages) -> int:
     return sum(len(str(m.get("content", ""))) for m in messages)
 
 
-def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples: int = 1000,
-                   bootstrap_seed: int = 0) -> CellResult:
+def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples: int = 1000
+                   ) -> CellResult:
     """Score, mean reward, count and interval of a list of graded items: the Wilson score
     interval of the fraction correct (:func:`clbench.metrics.aggregate.wilson_interval`;
     honest at 0 and 1, where a percentile bootstrap has no width); none when
-    `bootstrap_samples` is 0 (the protocol's switch for cell intervals). `bootstrap_seed` is
-    kept for callers; the closed form draws nothing."""
+    `bootstrap_samples` is 0 (the protocol's switch for cell intervals)."""
     n = len(records)
     if n == 0:
         return CellResult(column, None, None, 0, None, [])

@@ -121,15 +121,14 @@ def _mentioned(name: str, roots: Sequence[Path]) -> bool:
 
 def run_probe(column: str, model: Any, tokenizer: Any, probe: LmEvalProbe, *,
               batch_size: int = 8, base_dir: Path | None = None, seed: int = 0,
-              bootstrap_samples: int = 1000, bootstrap_seed: int = 0) -> CellResult:
+              bootstrap_samples: int = 1000) -> CellResult:
     """Score the in-memory model on one lm-eval task or group; one record per document.
 
     The score is lm-eval's own aggregate for the result key :func:`result_key` picks from
     ``probe.metric`` (for a group: the group's aggregate over its tasks). The records are the
     documents scored under that key's filter, with their per-document metric, so the cell's
-    bootstrap interval is over the items behind the score; a group's record ids are
-    ``<task>/<doc_id>``. `seed` seeds lm-eval (few-shot sampling and the like), `bootstrap_seed`
-    the interval.
+    interval is over the items behind the score; a group's record ids are
+    ``<task>/<doc_id>``. `seed` seeds lm-eval (few-shot sampling and the like).
     """
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
@@ -159,7 +158,7 @@ def run_probe(column: str, model: Any, tokenizer: Any, probe: LmEvalProbe, *,
         # one sample per (document, filter): keep the documents scored under the key's filter
         records += [_record(s, metric, prefix) for s in out["samples"].get(leaf, [])
                     if s.get("filter") == filter_name]
-    cell = summarise_cell(column, records, bootstrap_samples, bootstrap_seed)
+    cell = summarise_cell(column, records, bootstrap_samples)
     cell.source = "lm_eval"
     cell.score = float(results[task][key])  # lm-eval's own aggregate (not always a plain mean)
     cell.mean_reward = cell.score

@@ -141,7 +141,6 @@ def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
         if plan.name in saved:
             cells.append(saved[plan.name])
             continue
-        boot_seed = derive_seed("bootstrap", plan.name, row)
         if plan.task is not None:
             examples, first, label = plan.examples, 0, f"row {row}: eval {plan.name}"
             if sharded:
@@ -159,10 +158,10 @@ def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
             cell = evaluate_column(plan.name, plan.task, examples, generate,
                                    batch_size=decoding.batch_size,
                                    bootstrap_samples=0 if sharded else boot,  # after the gather
-                                   bootstrap_seed=boot_seed, progress=progress,
+                                   progress=progress,
                                    description=label)
             if sharded:
-                cell = summarise_cell(plan.name, dist.gather(cell.records), boot, boot_seed)
+                cell = summarise_cell(plan.name, dist.gather(cell.records), boot)
         else:
             cell = None
             if main:
@@ -174,7 +173,7 @@ def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
                 cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
                                  batch_size=decoding.batch_size,
                                  seed=derive_seed("lmeval", plan.name),
-                                 bootstrap_samples=boot, bootstrap_seed=boot_seed)
+                                 bootstrap_samples=boot)
             if dist is not None:
                 cell = dist.broadcast(cell)
             assert cell is not None
