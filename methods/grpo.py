@@ -115,6 +115,7 @@ class GRPO(OnPolicyMethod):
     """Group-relative policy optimisation with a clipped surrogate (the paper's baseline)."""
 
     name: ClassVar[str] = "grpo"
+    supports_sharding: ClassVar[bool] = True
     description: ClassVar[str] = ("GRPO: group-relative advantages r - mean(group), clipped "
                                   "surrogate 0.2/0.28, optional KL to the stage's start model")
     Config: ClassVar[type[GRPOConfig]] = GRPOConfig

@@ -51,6 +51,7 @@ class SFT(Method):
     """Supervised fine-tuning on reference solutions."""
 
     name: ClassVar[str] = "sft"
+    supports_sharding: ClassVar[bool] = True
     description: ClassVar[str] = ("SFT: next-token loss on the reference solutions (response "
                                   "tokens only), same steps and prompts per step as on-policy")
     Config: ClassVar[type[SFTConfig]] = SFTConfig

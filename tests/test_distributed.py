@@ -337,14 +337,15 @@ def _free_port() -> int:
 
 
 def _launch(args: list[str], processes: int = 2, script: str | None = None,
-            timeout: int = 600) -> subprocess.CompletedProcess:
+            timeout: int = 600, config: Path | None = None) -> subprocess.CompletedProcess:
     """`accelerate launch` N CPU processes (torchrun-style, gloo) running `clbench` (or
-    `script`)."""
+    `script`): data parallel, or as the accelerate `config` file says."""
     accelerate = Path(sys.executable).with_name("accelerate")
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     target = [script] if script else ["-m", "clbench.cli"]
-    cmd = [str(accelerate), "launch", "--multi_gpu", "--num_processes", str(processes),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+    how = ["--config_file", str(config)] if config is not None else [
+        "--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd = [str(accelerate), "launch", *how, "--num_processes", str(processes),
            "--main_process_port", str(_free_port()), *target, *args]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 

@@ -155,6 +155,7 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
     method_config = method.config.model_dump(mode="json")
     identity = run_identity(run, method_config)
     dist = make_distributed(run)
+    check_sharding_support(run, method, dist)
     if not dist.is_main:
         console = Console(quiet=True)
     def already_complete(previous: RunResult | None) -> bool:
@@ -298,6 +299,18 @@ def _load_model(run: RunSpec, dist: Distributed) -> tuple[Any, Any]:
     return dist.load_model(run.model, seed=run.seed)
 
 
+def check_sharding_support(run: RunSpec, method: Method, dist: Distributed) -> None:
+    """Refuse a sharded launch (FSDP2) of a method that has not declared it trains through
+    `train_model` alone (:attr:`clbench.train.api.Method.supports_sharding`): its gradients
+    would reach the plain copy of the student, which nothing trains."""
+    # declared by the method's own class: a subclass may train differently from its parent
+    if dist.sharding is not None and not vars(type(method)).get("supports_sharding", False):
+        raise UserError(f"the method {run.method.name!r} does not support sharded training "
+                        f"({dist.sharding}, from the accelerate config): launch it without "
+                        "FSDP (data parallel, or one process), or see docs/plugins.md for "
+                        "what a method must do to declare `supports_sharding`")
+
+
 def make_distributed(run: RunSpec) -> Distributed:
     """The run's accelerator; refuses budgets that cannot be split over its processes."""
     from clbench.train.distributed import Distributed
@@ -315,7 +328,6 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
              loaded: tuple[Any, Any], items: _Items) -> RunResult:
     device, main = dist.device, dist.is_main
     model, tokenizer = loaded
-    train_model = dist.prepare_student(model)  # once per run: DDP keeps its buffers
     plans = items.plans
     origin = registry.plugin_origin(registry.METHODS_GROUP, run.method.name)
     sources = [s.task.source for s in run.suite.stages] + [p.task.source for p in run.suite.probes
@@ -339,7 +351,11 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     if main and (drift is not None or diagnostics.response_drift.enabled) and \
             not any((run_dir / "checkpoints").glob("stage*")):
         keep_base_weights(run_dir, model)  # nothing trained yet: the model is the base model
-    trained, resume = _restore(run, run_dir, result, model, method, console)
+    trained, resume = _restore(run, run_dir, result, model, method, console,
+                               mid_stage=dist.sharding is None)
+    # once per run (DDP keeps its buffers), on the weights the run continues from: a sharded
+    # student is a copy of them
+    train_model = dist.prepare_student(model)
     result.model.resolved = {"dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
                              "parameters": sum(p.numel() for p in model.parameters()),
                              "device": str(device), **dist.describe()}
@@ -447,15 +463,18 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
 
 
 def _restore(run: RunSpec, run_dir: Path, result: RunResult, model: Any, method: Method,
-             console: Console) -> tuple[int | None, dict[str, Any] | None]:
+             console: Console, mid_stage: bool = True
+             ) -> tuple[int | None, dict[str, Any] | None]:
     """Load what a resumed run continues from and say so; (the stage trained before the stop
     whose evaluation continues, or None; the progress of a stage stopped in the middle of its
-    training, or None). A fresh run loads nothing."""
+    training, or None: always None without `mid_stage`, when the stage is trained again). A
+    fresh run loads nothing."""
     done = max(0, len(result.matrix) - 1)
     stages = run.training_stages()
     going = bool(result.matrix) and done < len(stages)
     trained = done + 1 if going and has_checkpoint(run_dir, done + 1) else None
-    partial = progress_checkpoint(run_dir, done + 1) if going and not trained else None
+    partial = progress_checkpoint(run_dir, done + 1) \
+        if going and not trained and mid_stage else None
     resume, news = None, ""
     if partial:
         resume = load_progress_checkpoint(partial[1], model, method)

@@ -70,7 +70,10 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
                       counts: dict[str, int] | None = None) -> None:
         nonlocal last_saved
         # not after the last step: the stage's own checkpoint follows at once
-        due = step + 1 < total and time.monotonic() - last_saved >= run.checkpoint_minutes * 60
+        # Sharded (FSDP2), the optimizer state lives in shards: not kept in the middle of a
+        # stage yet, so a stopped stage is trained again from its start.
+        due = step + 1 < total and dist.sharding is None and \
+            time.monotonic() - last_saved >= run.checkpoint_minutes * 60
         if not dist.broadcast(due):  # one decision for every process
             return
         summed = dist.sum_counts(counts or {})  # a collective: every process

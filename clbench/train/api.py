@@ -142,6 +142,12 @@ class Method(ABC):
     name: ClassVar[str]
     description: ClassVar[str]
     Config: ClassVar[type[MethodConfig]] = MethodConfig
+    #: Whether the method trains correctly when the student is sharded (FSDP2): every forward
+    #: whose gradient counts goes through `ctx.train_model`, the same number of them on every
+    #: process, and nothing writes `ctx.model`'s weights (under sharding it is a plain copy
+    #: that the training loop refreshes after each optimizer step). A sharded launch refuses
+    #: a method whose own class does not set it (a subclass is not trusted with its parent's).
+    supports_sharding: ClassVar[bool] = False
 
     def __init__(self, config: MethodConfig | dict[str, Any] | None = None) -> None:
         if not isinstance(config, MethodConfig):

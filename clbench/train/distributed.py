@@ -16,7 +16,9 @@ A run is one process (`clbench run ...`) or N data-parallel processes started by
   CUDA), and bf16 needs no grad scaler;
 - the prepared student (:meth:`Distributed.prepare_student`): DDP-wrapped when N > 1, so training
   forwards through it all-reduce gradients in backward; generation, teachers and evaluation use
-  the plain model;
+  the plain model. Under an FSDP2 accelerate config (`sharding == "fsdp2"`) it is a sharded copy
+  of the student, and the plain model a whole copy that :meth:`Distributed.sync_student` brings
+  up to date after every optimizer step;
 - rank, world size, barriers and the gather / broadcast / mean helpers the loop and the protocol
   use so that only the main process writes and logs global numbers.
 
@@ -26,7 +28,10 @@ without accelerate (the tests compare a resumed run's matrix bit for bit).
 
 from __future__ import annotations
 
+import copy
+import logging
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -102,21 +107,28 @@ def resolve_precision(dtype: str | torch.dtype | None, mixed_precision: bool,
 # ---------------------------------------------------------------------------------------------
 
 class StudentForward(nn.Module):
-    """The module that gets prepared (and DDP-wrapped): the causal LM, with a forward that can
-    stop at the final hidden states.
+    """The module that gets prepared (DDP-wrapped or sharded): the causal LM, with a forward
+    that can stop at the final hidden states and hand them to a projection.
 
     The engine projects hidden states to the vocabulary a chunk at a time (bounded memory), so
-    it cannot use the LM's own forward; DDP only all-reduces gradients of a backward that
-    follows a forward through the wrapper, so that forward is `forward(hidden_only=True)`.
+    it cannot use the LM's own forward. DDP only all-reduces gradients of a backward that
+    follows a forward through the wrapper, and FSDP2 gathers the output embedding only inside
+    that forward, so the projection runs there: `forward(hidden_only=True, then=f)` returns
+    `f(lm, hidden_states)`.
     """
 
     def __init__(self, lm: nn.Module) -> None:
         super().__init__()
         self.lm = lm
+        # FSDP's transformer-based wrap policy shards the layer classes the LM names
+        self._no_split_modules = getattr(lm, "_no_split_modules", None)
 
-    def forward(self, *args: Any, hidden_only: bool = False, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, hidden_only: bool = False,
+                then: Callable[[nn.Module, torch.Tensor], Any] | None = None,
+                **kwargs: Any) -> Any:
         if hidden_only:
-            return self.lm.get_decoder()(*args, **kwargs).last_hidden_state
+            hidden = self.lm.get_decoder()(*args, **kwargs).last_hidden_state
+            return then(self.lm, hidden) if then is not None else hidden
         return self.lm(*args, **kwargs)
 
 
@@ -160,6 +172,9 @@ class Distributed:
         self.accelerator = accelerator
         self.device = device
         self.precision = precision
+        #: "fsdp2" when the launch's accelerate config shards the student, else None (DDP or
+        #: one process); see :func:`sharding_of`
+        self.sharding = sharding_of(accelerator)
 
     @classmethod
     def create(cls, device: str | torch.device | None = "auto", dtype: str | None = "float32",
@@ -319,8 +334,40 @@ class Distributed:
 
     def prepare_student(self, model: nn.Module) -> nn.Module:
         """The module training forwards go through: :class:`StudentForward`, DDP-wrapped with
-        several processes. Prepare once per run; the model stays where it is."""
-        return self.accelerator.prepare_model(StudentForward(model), device_placement=False)
+        several processes. Prepare once per run; the model stays where it is.
+
+        Sharded (FSDP2), the prepared student is a sharded copy of `model`, and `model` stays
+        a whole, plain copy of the student (the "mirror": generation, teachers, evaluation and
+        checkpoints read it without collectives), brought up to date from the shards by
+        :meth:`sync_student` after every optimizer step.
+        """
+        if self.sharding is None:
+            return self.accelerator.prepare_model(StudentForward(model), device_placement=False)
+        student = StudentForward(copy.deepcopy(model))
+        # accelerate shards a model only together with an optimizer, whose parameters it then
+        # swaps for the shards; each stage builds its own optimizer on the shards instead
+        placeholder = torch.optim.SGD(student.parameters(), lr=0.0)
+        prepared, _ = self.accelerator.prepare(student, placeholder)
+        local = sum(_local(p).numel() for p in prepared.parameters())
+        whole = sum(p.numel() for p in model.parameters())
+        logging.getLogger(__name__).info(
+            "student sharded (%s) over %d processes: this one holds %d of its %d parameters "
+            "and their optimizer state, plus a whole copy for generation and evaluation",
+            self.sharding, self.num_processes, local, whole)
+        return prepared
+
+    def sync_student(self, train_model: nn.Module, model: nn.Module) -> None:
+        """After an optimizer step: the plain student `model` takes the trained weights of the
+        sharded `train_model` (a collective: every process calls it). Nothing to do unsharded,
+        where both are the same weights."""
+        if self.sharding is None:
+            return
+        shards = dict(unwrap(train_model).named_parameters())
+        with torch.no_grad():
+            for name, param in unwrap(model).named_parameters():
+                shard = shards[name]
+                full = shard.full_tensor() if hasattr(shard, "full_tensor") else shard
+                param.copy_(full)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Wrap a stage's optimizer for the accelerator.
@@ -349,9 +396,49 @@ class Distributed:
     def describe(self) -> dict[str, Any]:
         """What results.json records under `model.resolved`."""
         described = {"precision": self.precision.label, "num_processes": self.num_processes}
+        if self.sharding is not None:
+            described["sharding"] = self.sharding
         if self.device.type == "cpu":
             described["cpu_threads"] = torch.get_num_threads()
         return described
+
+
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This process's part of a parameter: its shard when sharded (a DTensor), else itself."""
+    return param.to_local() if hasattr(param, "to_local") else param
+
+
+def sharding_of(accelerator: Accelerator) -> str | None:
+    """How the launch's accelerate config trains the student: "fsdp2" (sharded) or None
+    (one process, or DDP). FSDP1 and DeepSpeed are refused with what to use instead.
+
+    accelerate ignores an FSDP config when the processes run on the CPU (it trains DDP there);
+    clbench honours it, so that the sharded path runs, and is tested, on CPUs over gloo too.
+    """
+    from accelerate.utils import DistributedType
+
+    state = accelerator.state
+    kind = state.distributed_type
+    if kind == DistributedType.DEEPSPEED:
+        raise UserError("DeepSpeed is not supported by clbench: its engine owns the optimizer "
+                        "and the backward, which the methods drive themselves. Shard with "
+                        "FSDP2 instead (an accelerate config with `distributed_type: FSDP` and "
+                        "`fsdp_config: {fsdp_version: 2}`, as examples/accelerate/fsdp2.yaml)")
+    wants_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if kind == DistributedType.FSDP or (wants_fsdp and kind == DistributedType.MULTI_CPU):
+        version = (state.fsdp_plugin.fsdp_version if kind == DistributedType.FSDP
+                   else int(os.environ.get("FSDP_VERSION", "1")))
+        if version != 2:
+            raise UserError(f"FSDP version {version} is not supported by clbench: set "
+                            "`fsdp_version: 2` under `fsdp_config` in the accelerate config "
+                            "(FSDP2, as examples/accelerate/fsdp2.yaml)")
+        if kind == DistributedType.MULTI_CPU:
+            from accelerate.utils import FullyShardedDataParallelPlugin
+
+            state.fsdp_plugin = FullyShardedDataParallelPlugin()  # read from the launch's env
+            state.distributed_type = DistributedType.FSDP
+        return "fsdp2"
+    return None
 
 
 def _new_accelerator(cpu: bool) -> Accelerator:

@@ -17,7 +17,8 @@ never live at once; `micro_batch_size` bounds the rows of one transformer forwar
 Returned tensors are float32, padded positions hold 0 and are False in `mask`.
 
 `model` is a causal LM, or the prepared student (`StageContext.train_model`): then the forward
-goes through it, so that DDP all-reduces the gradients, and the projection uses the LM inside.
+goes through it, so that DDP all-reduces the gradients, and the projection runs inside that
+forward (where a sharded student has its output embedding gathered).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from clbench.train.distributed import is_prepared, unwrap
+from clbench.train.distributed import is_prepared
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -173,24 +174,17 @@ def _row_slices(packed: PackedBatch, micro_batch_size: int | None) -> list[Packe
     return [packed.rows(i, min(i + step, n)) for i in range(0, n, step)]
 
 
-def _hidden_states(model: PreTrainedModel, rows: PackedBatch) -> torch.Tensor:
-    """Final hidden states at the positions that predict completion tokens: [b, T, d]."""
-    inputs = {"input_ids": rows.input_ids, "attention_mask": rows.attention_mask,
-              "position_ids": rows.position_ids, "use_cache": False}
-    if is_prepared(model):
-        hidden = model(hidden_only=True, **inputs)
-    else:
-        hidden = model.get_decoder()(**inputs).last_hidden_state
+def _completion_hidden(hidden: torch.Tensor, rows: PackedBatch) -> torch.Tensor:
+    """The final hidden states at the positions that predict completion tokens: [b, T, d]."""
     p, t = rows.prompt_width, rows.completion_ids.shape[1]
     return hidden[:, p - 1:p - 1 + t]
 
 
-def _chunk_logprobs(model: PreTrainedModel, hidden: torch.Tensor, temperature: float
+def _chunk_logprobs(lm: PreTrainedModel, hidden: torch.Tensor, temperature: float
                     ) -> torch.Tensor:
     """log-softmax over the vocabulary of one chunk of positions, in float32."""
-    model = unwrap(model)
-    logits = model.get_output_embeddings()(hidden).float()
-    cap = getattr(model.config, "final_logit_softcapping", None)
+    logits = lm.get_output_embeddings()(hidden).float()
+    cap = getattr(lm.config, "final_logit_softcapping", None)
     if cap:  # models that squash logits (Gemma 2) must be scored as they generate
         logits = torch.tanh(logits / cap) * cap
     if temperature != 1.0:
@@ -204,8 +198,10 @@ def _score_rows(model: PreTrainedModel, rows: PackedBatch, grad: bool, temperatu
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 to score, got {temperature}")
-    with torch.set_grad_enabled(grad):
-        hidden = _hidden_states(model, rows)
+
+    def project_chunks(lm: PreTrainedModel, hidden: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        hidden = _completion_hidden(hidden, rows)
         targets = rows.completion_ids
         token_parts, dist_parts, index_parts = [], [], []
         for s in range(0, targets.shape[1], chunk_size):
@@ -216,7 +212,7 @@ def _score_rows(model: PreTrainedModel, rows: PackedBatch, grad: bool, temperatu
 
             def project(h: torch.Tensor, tgt: torch.Tensor, idx: torch.Tensor | None = None
                         ) -> tuple[torch.Tensor, ...]:
-                logp = _chunk_logprobs(model, h, temperature)
+                logp = _chunk_logprobs(lm, h, temperature)
                 tok = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
                 if mode == "token":
                     return (tok,)
@@ -245,4 +241,13 @@ def _score_rows(model: PreTrainedModel, rows: PackedBatch, grad: bool, temperatu
         dist = (torch.where(mask.unsqueeze(-1), torch.cat(dist_parts, dim=1), zero)
                 if dist_parts else None)
         index = torch.cat(index_parts, dim=1) if index_parts else None
-    return token, dist, index
+        return token, dist, index
+
+    inputs = {"input_ids": rows.input_ids, "attention_mask": rows.attention_mask,
+              "position_ids": rows.position_ids, "use_cache": False}
+    with torch.set_grad_enabled(grad):
+        if is_prepared(model):
+            # the projection runs inside the prepared forward: a sharded student (FSDP2) holds
+            # its output embedding gathered only there
+            return model(hidden_only=True, then=project_chunks, **inputs)
+        return project_chunks(model, model.get_decoder()(**inputs).last_hidden_state)

@@ -181,8 +181,9 @@ class TrainingLoop:
         self.lr = stage_lr(settings, ctx.budget)
         self.clock = PhaseClock()
         self.counters = Counters()
-        set_gradient_checkpointing(self.model, settings)
-        self.optimizer = self.dist.prepare_optimizer(build_optimizer(self.model, settings,
+        # on the trained weights: the shards when the student is sharded, else `model`'s own
+        set_gradient_checkpointing(self.train_model, settings)
+        self.optimizer = self.dist.prepare_optimizer(build_optimizer(self.train_model, settings,
                                                                      self.lr))
         self.scheduler = build_scheduler(self.optimizer, settings, ctx.budget.steps)
 
@@ -196,7 +197,7 @@ class TrainingLoop:
     def update(self, batch: StepBatch) -> dict[str, float]:
         """One optimizer step on `batch`: loss, gradient norm, lr and the loss statistics."""
         hooks, dist = self.hooks, self.dist
-        self.model.train()
+        self.train_model.train()
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
         sums: dict[str, float] = {}
@@ -218,9 +219,12 @@ class TrainingLoop:
                     sums[k] = sums.get(k, 0.0) + float(v)
         with self.clock.phase("step"):
             finite = not dist.any_rank(not math.isfinite(total_loss))  # alike on every rank
-            grad_norm, lr, updated = optimizer_step(self.model, self.optimizer, self.scheduler,
-                                                    self.settings.max_grad_norm, finite)
-        self.model.eval()
+            grad_norm, lr, updated = optimizer_step(self.train_model, self.optimizer,
+                                                    self.scheduler, self.settings.max_grad_norm,
+                                                    finite)
+            if updated:
+                dist.sync_student(self.train_model, self.model)
+        self.train_model.eval()
         record = {"loss": total_loss, "grad_norm": grad_norm, "lr": lr, **sums}
         if not updated:
             self.counters.add("skipped_steps", 1)

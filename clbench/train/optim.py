@@ -143,10 +143,13 @@ def clip_gradients(model: torch.nn.Module, max_norm: float | None) -> float:
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return 0.0
-    if max_norm is None:
+    sharded = hasattr(params[0].grad, "full_tensor")  # FSDP2: each rank holds a shard
+    if max_norm is None and not sharded:
         norms = torch.stack([p.grad.detach().float().norm() for p in params])
         return float(norms.norm())
-    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    # sharded gradients: torch reduces the norm over the shards (a DTensor), every rank alike
+    norm = torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,

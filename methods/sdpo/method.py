@@ -354,6 +354,7 @@ class SDPO(OnPolicyMethod):
     """Self-distillation policy optimisation (the paper's SDPO_0 by default)."""
 
     name: ClassVar[str] = "sdpo"
+    supports_sharding: ClassVar[bool] = True
     description: ClassVar[str] = ("SDPO: self-distillation from the model re-prompted with a "
                                   "successful sibling; response tokens, frozen teacher")
     Config: ClassVar[type[SDPOConfig]] = SDPOConfig
@@ -367,6 +368,7 @@ class SDPOCoT(SDPO):
     """SDPO with chain-of-thought supervision: every completion token is a target."""
 
     name: ClassVar[str] = "sdpo-cot"
+    supports_sharding: ClassVar[bool] = True
     description: ClassVar[str] = ("SDPO-CoT: SDPO supervising every completion token, "
                                   "demonstrations keep their reasoning")
     Config: ClassVar[type[SDPOConfig]] = SDPOCoTConfig
@@ -376,6 +378,7 @@ class StableSDPO(SDPO):
     """SDPO with a refresh-and-freeze teacher."""
 
     name: ClassVar[str] = "stable-sdpo"
+    supports_sharding: ClassVar[bool] = True
     description: ClassVar[str] = ("StableSDPO: SDPO whose teacher is reset to the student every "
                                   "40% of the stage and frozen in between")
     Config: ClassVar[type[SDPOConfig]] = StableSDPOConfig
