@@ -110,10 +110,13 @@ def test_each_variant_raises_the_toy_reward_over_the_untrained_control(warm_mode
     control = greedy_reward(*warm_model, task)
     assert control <= 0.1  # the warm student writes uppercase under the plain prompt
     make, lr = VARIANTS[variant]
-    model, log, _ = _train(warm_model, tmp_path, make(), lr=lr)
-    # Forward KL to the live teacher stalls at 17 of 32 letters in about one run in five
-    # (measured over seeds 0-13 of the toy context; every other variant reaches 32 of 32).
-    gain = 0.5 if variant == "sdpo-full-forward-kl-live" else 0.6
+    # Forward KL to the live teacher is the slowest: at 12 steps it stalls at 17 of 32 letters
+    # in about one run in five (seeds 0-13 of the toy context), and on some CPUs every time
+    # (greedy 0.44 after 12 steps, 1.0 after 16, with the sampled reward at 0.95 from step 5
+    # on); every other variant reaches 32 of 32 in 12.
+    slow = variant == "sdpo-full-forward-kl-live"
+    model, log, _ = _train(warm_model, tmp_path, make(), lr=lr, steps=16 if slow else 12)
+    gain = 0.5 if slow else 0.6
     assert greedy_reward(model, warm_model[1], task) >= control + gain
     late = sum(r["reward_mean"] for r in log[-4:]) / 4
     assert late >= log[0]["reward_mean"] + 0.5
