@@ -9,10 +9,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import accelerate
 import pytest
 import torch
 from accelerate.utils import DistributedType
 from click.testing import CliRunner
+from packaging.version import Version
 from safetensors.torch import load_file
 from test_distributed import _launch
 
@@ -20,10 +22,14 @@ from clbench.errors import UserError
 from clbench.results import read_results
 from clbench.run.protocol import check_sharding_support
 from clbench.spec.schema import MethodSpec
-from clbench.train.distributed import sharding_of
+from clbench.train.distributed import FSDP2_ACCELERATE, sharding_of
 
 ROOT = Path(__file__).resolve().parents[1]
 FSDP2_CONFIG = ROOT / "examples" / "accelerate" / "fsdp2.yaml"
+
+
+# the lowest accelerate clbench allows predates FSDP2: there a sharded launch is refused
+HAS_FSDP2 = Version(accelerate.__version__) >= Version(FSDP2_ACCELERATE)
 
 
 def _accelerator(kind: DistributedType, version: int | None = None) -> Any:
@@ -34,7 +40,12 @@ def _accelerator(kind: DistributedType, version: int | None = None) -> Any:
 def test_an_fsdp2_config_shards_and_others_train_unsharded(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
-    assert sharding_of(_accelerator(DistributedType.FSDP, 2)) == "fsdp2"
+    if HAS_FSDP2:
+        assert sharding_of(_accelerator(DistributedType.FSDP, 2)) == "fsdp2"
+    else:
+        with pytest.raises(UserError, match=rf"needs accelerate >= {FSDP2_ACCELERATE}, this "
+                                            f"environment has {accelerate.__version__}"):
+            sharding_of(_accelerator(DistributedType.FSDP, 2))
     assert sharding_of(_accelerator(DistributedType.MULTI_GPU)) is None
     assert sharding_of(_accelerator(DistributedType.MULTI_CPU)) is None
     assert sharding_of(_accelerator(DistributedType.NO)) is None
@@ -47,6 +58,10 @@ def test_on_cpus_the_fsdp_config_accelerate_ignores_is_honoured(
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
     accelerator = _accelerator(DistributedType.MULTI_CPU)
+    if not HAS_FSDP2:
+        with pytest.raises(UserError, match="needs accelerate >= "):
+            sharding_of(accelerator)
+        return
     assert sharding_of(accelerator) == "fsdp2"
     assert accelerator.state.distributed_type == DistributedType.FSDP
     assert accelerator.state.fsdp_plugin.fsdp_version == 2
@@ -54,11 +69,13 @@ def test_on_cpus_the_fsdp_config_accelerate_ignores_is_honoured(
 
 def test_fsdp1_and_deepspeed_are_refused_with_what_to_use(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    with pytest.raises(UserError, match=r"FSDP version 1 is not supported.*fsdp_version: 2"):
+    fsdp1 = r"FSDP version 1 is not supported.*fsdp_version: 2" if HAS_FSDP2 else \
+        "needs accelerate >= "
+    with pytest.raises(UserError, match=fsdp1):
         sharding_of(_accelerator(DistributedType.FSDP, 1))
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "1")
-    with pytest.raises(UserError, match="FSDP version 1 is not supported"):
+    with pytest.raises(UserError, match=fsdp1):
         sharding_of(_accelerator(DistributedType.MULTI_CPU))
     with pytest.raises(UserError, match="DeepSpeed is not supported.*FSDP2 instead"):
         sharding_of(_accelerator(DistributedType.DEEPSPEED))

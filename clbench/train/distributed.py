@@ -408,6 +408,10 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if hasattr(param, "to_local") else param
 
 
+#: The first accelerate release that prepares FSDP2 (`fsdp_version: 2`).
+FSDP2_ACCELERATE = "1.6.0"
+
+
 def sharding_of(accelerator: Accelerator) -> str | None:
     """How the launch's accelerate config trains the student: "fsdp2" (sharded) or None
     (one process, or DDP). FSDP1 and DeepSpeed are refused with what to use instead.
@@ -426,6 +430,13 @@ def sharding_of(accelerator: Accelerator) -> str | None:
                         "`fsdp_config: {fsdp_version: 2}`, as examples/accelerate/fsdp2.yaml)")
     wants_fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
     if kind == DistributedType.FSDP or (wants_fsdp and kind == DistributedType.MULTI_CPU):
+        import accelerate
+        from packaging.version import Version
+
+        if Version(accelerate.__version__) < Version(FSDP2_ACCELERATE):
+            raise UserError(f"sharded training (FSDP2) needs accelerate >= {FSDP2_ACCELERATE}, "
+                            f"this environment has {accelerate.__version__}: "
+                            f"pip install 'accelerate>={FSDP2_ACCELERATE}'")
         version = (state.fsdp_plugin.fsdp_version if kind == DistributedType.FSDP
                    else int(os.environ.get("FSDP_VERSION", "1")))
         if version != 2:
