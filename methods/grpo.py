@@ -95,6 +95,8 @@ class GRPOObjective(Objective):
         adv = batch.extra["advantages"][rows.start:rows.stop]
         per_token = clipped_surrogate(current.logprobs, old, adv, mask, eps_low=cfg.eps_low,
                                       eps_high=cfg.eps_high, dual_clip=cfg.dual_clip)
+        # rollouts from another engine: reweighted before the KL term, as TRL does
+        per_token = batch.corrected(per_token, rows)
         stats: dict[str, float] = {}
         if self.reference is not None:
             ref = batch.extra["ref_logprobs"][rows.start:rows.stop]

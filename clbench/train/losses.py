@@ -263,7 +263,8 @@ def divergence_per_token(mode: Divergence, student: DistillationScores,
 def sdpo_loss(student: DistillationScores, teacher: DistillationScores, mask: torch.Tensor, *,
               old_logprobs: torch.Tensor | None = None, divergence: Divergence = "topk",
               alpha: float = 0.5, is_clip: float | None = 2.0,
-              normalizer: float | None = None) -> SDPOLossTerms:
+              normalizer: float | None = None,
+              sampler_weights: torch.Tensor | None = None) -> SDPOLossTerms:
     """The SDPO objective, the one function the SDPO methods call:
     ``token_mean(divergence(student, teacher) * min(p_new / p_old, is_clip), mask)``.
 
@@ -272,10 +273,15 @@ def sdpo_loss(student: DistillationScores, teacher: DistillationScores, mask: to
     the mean when `mask` covers only part of it (micro-batches, several processes). The
     aggregation is the reference's token mean over every supervised token of the batch; TRL's
     trainer averages per sequence first (equal when every sequence has as many supervised
-    tokens, which is how the two are compared in the tests).
+    tokens, which is how the two are compared in the tests). `sampler_weights` ([B, T] or
+    [B, 1]) multiply each token's loss when another engine drew the rollouts
+    (:mod:`clbench.train.sampler_correction`).
     """
     per_token = divergence_per_token(divergence, student, teacher, alpha)
     new = student.token_logprobs
     old = new.detach() if old_logprobs is None else old_logprobs
     weight = importance_weight(new, old, is_clip)
-    return SDPOLossTerms(token_mean(per_token * weight, mask, normalizer), per_token, weight)
+    weighted = per_token * weight
+    if sampler_weights is not None:
+        weighted = weighted * sampler_weights
+    return SDPOLossTerms(token_mean(weighted, mask, normalizer), per_token, weight)

@@ -48,6 +48,7 @@ from clbench.train.logprobs import TokenLogprobs, completion_logprobs, pack_batc
 from clbench.train.loop import StepBatch, StepHooks, TrainingLoop
 from clbench.train.optim import OptimizerSettings, rank_share, step_examples
 from clbench.train.rollout import Generator, HFGenerator, Rollout, SamplingParams
+from clbench.train.sampler_correction import SamplerCorrection, sampler_weights
 
 if TYPE_CHECKING:
     from clbench.train.api import StageContext
@@ -68,6 +69,20 @@ class OnPolicySettings(OptimizerSettings):
         "share of the step when unset. Smaller bounds the KV cache of long rollouts (the paper "
         "suite's 8k-token math rollouts: 1.27 GiB each on Qwen3-4B). Each batch draws from "
         "its own seed, so another size draws other samples.")
+    sampler_correction: SamplerCorrection = Field(
+        default="sequence_mask", description="How rollouts drawn by an engine other than the "
+        "trained model (vLLM) are reweighted for the gap between its sampler and the trainer, "
+        "by the ratio p_trainer / p_sampler of their tokens (TRL's "
+        "vllm_importance_sampling_mode and default): `sequence_mask` drops a completion whose "
+        "ratio lies outside [sampler_clip_min, sampler_clip_max], `sequence_truncate` clips it, "
+        "`token_mask` / `token_truncate` do so per token, `none` leaves the loss as it is. The "
+        "decode loop samples from the trained weights themselves: nothing to correct there.")
+    sampler_clip_max: float | None = Field(
+        default=3.0, gt=0.0, description="Upper bound of the sampler correction's ratio (TRL's "
+        "vllm_importance_sampling_clip_max); none when unset.")
+    sampler_clip_min: float | None = Field(
+        default=None, ge=0.0, description="Lower bound of the sampler correction's ratio; none "
+        "when unset.")
 
 
 @dataclass
@@ -84,6 +99,8 @@ class RolloutBatch(StepBatch):
     temperature: float              # the sampler's temperature, used when scoring
     old_logprobs: torch.Tensor | None = None  # [N, T]; None when each batch gets one update
     extra: dict[str, Any] = field(default_factory=dict)  # what the objective prepares
+    # [N, T] or [N, 1]: the sampler correction's weights, when another engine drew the rollouts
+    sampler_weights: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -118,6 +135,14 @@ class RolloutBatch(StepBatch):
                                      chunk_size=chunk_size)
         return TokenLogprobs(pad_to(scored.logprobs, self.length),
                              pad_to(scored.mask, self.length))
+
+    def corrected(self, per_token: torch.Tensor, rows: range | list[int]) -> torch.Tensor:
+        """`per_token` losses of `rows` ([len(rows), T'] with T' <= T) times their sampler
+        correction weights, or unchanged when there are none."""
+        if self.sampler_weights is None:
+            return per_token
+        weights = self.sampler_weights[list(rows)].to(per_token.device)
+        return per_token * weights[:, :per_token.shape[1]]
 
     def old_or_detached(self, rows: range, current: torch.Tensor) -> torch.Tensor:
         """The sampling policy's log-probs of `rows` (the current ones, detached, on the first
@@ -214,6 +239,7 @@ class OnPolicyTrainer(StepHooks):
         self.model = ctx.model              # plain student: generation, copies, no-grad scoring
         self.train_model = ctx.train_model  # prepared student: forwards whose gradients count
         self.objective = objective
+        self.settings = settings
         self.batch_every = self.inner_updates = inner_updates
         self.resumable = objective.resumable
         self.micro_batch_size = micro_batch_size
@@ -259,6 +285,12 @@ class OnPolicyTrainer(StepHooks):
             raise RuntimeError(f"{type(self.generator).__name__} returned a rollout of "
                                f"{over[0].num_tokens} tokens for a prompt capped at "
                                f"{params.cap_of(over[0].prompt_index)} (SamplingParams.cap_of)")
+        uneven = [r for r in rollouts if r.sampler_logprobs is not None
+                  and len(r.sampler_logprobs) != r.num_tokens]
+        if uneven:  # a log-prob per completion token, or the weights land on the wrong ones
+            raise RuntimeError(f"{type(self.generator).__name__} returned "
+                               f"{len(uneven[0].sampler_logprobs or [])} sampler log-probs for "
+                               f"a completion of {uneven[0].num_tokens} tokens")
         with self.clock.phase("grade"):
             grades = [ctx.task.grade(examples[r.prompt_index], r.text) for r in rollouts]
         device = next(self.model.parameters()).device
@@ -274,11 +306,28 @@ class OnPolicyTrainer(StepHooks):
         self.counters.add("rollouts", len(rollouts))
         self.counters.add("prompts", len(examples))
         with self.clock.phase("score"):
-            if self.inner_updates > 1:
+            correction = getattr(self.settings, "sampler_correction", "none")
+            drawn_elsewhere = correction != "none" and all(
+                r.sampler_logprobs is not None for r in rollouts)
+            if self.inner_updates > 1 or drawn_elsewhere:
                 parts = [batch.score(self.model, rows, grad=False, chunk_size=self.chunk_size)
                          .logprobs for rows in self.micro_batches(batch)]
-                batch.old_logprobs = torch.cat(parts)
-            stats = self.objective.prepare(batch, self)
+                trainer_logprobs = torch.cat(parts)
+                if self.inner_updates > 1:
+                    batch.old_logprobs = trainer_logprobs
+            extra_stats: dict[str, float] = {}
+            if drawn_elsewhere:
+                sampled = pad_to(torch.nn.utils.rnn.pad_sequence(
+                    [torch.tensor(r.sampler_logprobs or [0.0], dtype=torch.float32)
+                     for r in rollouts], batch_first=True), batch.length).to(device)
+                batch.sampler_weights = sampler_weights(
+                    trainer_logprobs, sampled, mask, correction,
+                    clip_max=self.settings.sampler_clip_max,
+                    clip_min=self.settings.sampler_clip_min)
+                per_token = batch.sampler_weights.expand_as(mask)
+                extra_stats["sampler_weight_mean"] = float(per_token[mask].mean()) \
+                    if mask.any() else 1.0
+            stats = {**self.objective.prepare(batch, self), **extra_stats}
         return batch, stats
 
     def micro_batches(self, batch: StepBatch) -> list[range]:

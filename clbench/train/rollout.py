@@ -118,6 +118,10 @@ class Rollout:
     text: str
     finished: bool
     metadata: dict = field(default_factory=dict)
+    #: log-prob of each completion token under the engine's own sampler, when the engine is not
+    #: the trained model (vLLM); None from the decode loop, which samples from the trained
+    #: weights (:mod:`clbench.train.sampler_correction`)
+    sampler_logprobs: list[float] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -274,8 +274,11 @@ class SDPOObjective(Objective):
         mask = supervised[active][:, :length]
         old = None if batch.old_logprobs is None else \
             batch.old_logprobs[active][:, :length].to(student.token_logprobs.device)
+        sampled = None if batch.sampler_weights is None else \
+            batch.sampler_weights[active][:, :length].to(mask.device)
         terms = sdpo_loss(student, teacher, mask, old_logprobs=old, divergence=cfg.divergence,
-                          alpha=cfg.alpha, is_clip=cfg.is_clip, normalizer=batch.total_tokens)
+                          alpha=cfg.alpha, is_clip=cfg.is_clip, normalizer=batch.total_tokens,
+                          sampler_weights=sampled)
         teacher_prompts = batch.extra["teacher_prompt_ids"]
         trainer.counters.add("teacher_tokens", sum(len(teacher_prompts[i]) + len(c)
                                                    for i, c in zip(active, completions)))
