@@ -144,15 +144,17 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
     as training rollouts), one completion each. Greedy decoding (temperature 0) ignores ``seed``;
     sampled evaluation is seeded so a row is reproducible: the n-th call samples with a seed
     derived from (``seed``, n), so the batches of a column draw different random numbers.
-    ``engine``: the generator's (:data:`clbench.train.rollout.GENERATION_ENGINES`).
+    ``engine``: `ModelSpec.generation` (an engine that only draws training rollouts, `vllm`,
+    evaluates with the decode loop: :func:`clbench.train.rollout.evaluation_engine`).
     """
     import dataclasses
     import itertools
 
     from clbench.seeding import derive_seed
-    from clbench.train.rollout import HFGenerator, SamplingParams
+    from clbench.train.rollout import HFGenerator, SamplingParams, evaluation_engine
 
-    generator = HFGenerator(model, tokenizer, batch_size=decoding.batch_size, engine=engine)
+    generator = HFGenerator(model, tokenizer, batch_size=decoding.batch_size,
+                            engine=evaluation_engine(engine))
     params = SamplingParams.from_decoding(decoding, seed=seed)
     calls = itertools.count()
 

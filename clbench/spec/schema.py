@@ -290,12 +290,15 @@ class ModelSpec(Spec):
         default=True, description="Keep fp32 master weights and autocast forwards to `dtype` "
         "(when it is 16-bit); false stores the weights in `dtype` itself (half the memory, but "
         "updates below its resolution are lost).")
-    generation: Literal["loop", "static"] = Field(
+    generation: Literal["loop", "static", "vllm"] = Field(
         default="loop", description="How rollouts and evaluation decode: `loop`, clbench's decode "
         "loop (ended rows leave the batch, a prompt's samples share its prefill: the fast path on "
         "a CPU); `static`, transformers' `generate` over a static KV cache, whose decoding step "
         "it compiles with CUDA graphs on a GPU (where a small model is bound by kernel launches). "
-        "Greedy tokens match uncompiled; sampled draws differ.")
+        "Greedy tokens match uncompiled; sampled draws differ. `vllm`: training rollouts from a "
+        "vLLM engine colocated in each process (`pip install clbench[vllm]`, a CUDA GPU), "
+        "corrected for its sampler by the method's `sampler_correction`; evaluation keeps the "
+        "decode loop.")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag, commit).")
     trust_remote_code: bool = Field(default=False, description="Allow code from the model "
                                     "repository to run; only set for repositories you trust.")

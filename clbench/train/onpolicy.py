@@ -249,6 +249,13 @@ class OnPolicyTrainer(StepHooks):
         world = self.dist.num_processes
         local_prompts = len(rank_share(range(budget.prompts_per_step), 0, world, ctx.stage_name))
         rollouts_per_batch = local_prompts * budget.samples_per_prompt
+        if generator is None and ctx.generation == "vllm":
+            from clbench.train.vllm_engine import colocated_generator
+
+            config = getattr(ctx.model, "config", None)
+            generator = colocated_generator(
+                ctx.model, ctx.tokenizer, seed=self.dist.process_index,
+                max_model_len=int(getattr(config, "max_position_embeddings", 4096) or 4096))
         self.generator = generator or HFGenerator(
             ctx.model, ctx.tokenizer, batch_size=generation_batch_size or rollouts_per_batch,
             engine=ctx.generation)

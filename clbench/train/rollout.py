@@ -168,6 +168,12 @@ class Generator(ABC):
 GENERATION_ENGINES = ("loop", "static")
 
 
+def evaluation_engine(generation: str) -> str:
+    """The :class:`HFGenerator` engine evaluation uses under `ModelSpec.generation`: its own, or
+    the decode loop for an engine that only draws training rollouts (`vllm`)."""
+    return generation if generation in GENERATION_ENGINES else "loop"
+
+
 class HFGenerator(Generator):
     """`transformers` models: batches of `batch_size` sequences, left padded, KV cache.
 
