@@ -29,6 +29,8 @@ def stopping(base: type) -> type:
 
     class Stopping(base):  # type: ignore[misc, valid-type]
         name = f"test.{base.name}-stopping"
+        # trains as its parent does (only the step log is wrapped)
+        supports_sharding = vars(base).get("supports_sharding", False)
 
         def train_stage(self, ctx: StageContext) -> StageReport:
             log_step = ctx.log_step
@@ -188,10 +190,15 @@ with registry.extra_plugins(methods={{method.name: method}},
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sharded", [False, True], ids=["ddp", "fsdp2"])
 def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sharded: bool) -> None:
+    """Data parallel or sharded (FSDP2: the optimizer's shards gathered into the checkpoint
+    and split again on resume), a stopped run ends as the straight one."""
     from test_distributed import _launch
+    from test_sharded import FSDP2_CONFIG
 
+    config = FSDP2_CONFIG if sharded else None
     script = tmp_path / "launched.py"
     script.write_text(LAUNCHED.format(here=str(Path(__file__).parent), method="sdpo"))
     (tmp_path / "suite.yaml").write_text(SUITE)
@@ -199,11 +206,11 @@ def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
               "--seed", "3", "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0",
               "--set", "method.teacher=ema"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    proc = _launch([*common, "--out", str(straight)], script=str(script))
+    proc = _launch([*common, "--out", str(straight)], script=str(script), config=config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     monkeypatch.setenv("CLBENCH_TEST_STOP_AT", "2:3")
-    proc = _launch([*common, "--out", str(stopped)], script=str(script))
+    proc = _launch([*common, "--out", str(stopped)], script=str(script), config=config)
     assert proc.returncode != 0  # the launcher reports the ranks' exit status 130 as a failure
     # said once, by the main process: every rank stopped alike
     assert " ".join(proc.stderr.split()).count(
@@ -212,7 +219,8 @@ def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
         ["stage1", "stage2-step2"]
     monkeypatch.delenv("CLBENCH_TEST_STOP_AT")
 
-    proc = _launch([*common, "--out", str(stopped), "--resume"], script=str(script))
+    proc = _launch([*common, "--out", str(stopped), "--resume"], script=str(script),
+                   config=config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "stage 2 continues after step 2 of 4" in " ".join(proc.stdout.split())
     log = (stopped / "run.log").read_text()
@@ -220,6 +228,7 @@ def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
 
     a, b = read_results(straight / "results.json"), read_results(stopped / "results.json")
     assert b.status == "complete" and b.model.resolved["num_processes"] == 2
+    assert b.model.resolved.get("sharding") == ("fsdp2" if sharded else None)
     reports = [stage_report_without_times(run, 2) for run in (straight, stopped)]
     assert reports[0] == reports[1]
     assert any(step["grad_norm"] > 0 for step in reports[0]["steps"])

@@ -351,8 +351,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     if main and (drift is not None or diagnostics.response_drift.enabled) and \
             not any((run_dir / "checkpoints").glob("stage*")):
         keep_base_weights(run_dir, model)  # nothing trained yet: the model is the base model
-    trained, resume = _restore(run, run_dir, result, model, method, console,
-                               mid_stage=dist.sharding is None)
+    trained, resume = _restore(run, run_dir, result, model, method, console)
     # once per run (DDP keeps its buffers), on the weights the run continues from: a sharded
     # student is a copy of them
     train_model = dist.prepare_student(model)
@@ -463,18 +462,15 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
 
 
 def _restore(run: RunSpec, run_dir: Path, result: RunResult, model: Any, method: Method,
-             console: Console, mid_stage: bool = True
-             ) -> tuple[int | None, dict[str, Any] | None]:
+             console: Console) -> tuple[int | None, dict[str, Any] | None]:
     """Load what a resumed run continues from and say so; (the stage trained before the stop
     whose evaluation continues, or None; the progress of a stage stopped in the middle of its
-    training, or None: always None without `mid_stage`, when the stage is trained again). A
-    fresh run loads nothing."""
+    training, or None). A fresh run loads nothing."""
     done = max(0, len(result.matrix) - 1)
     stages = run.training_stages()
     going = bool(result.matrix) and done < len(stages)
     trained = done + 1 if going and has_checkpoint(run_dir, done + 1) else None
-    partial = progress_checkpoint(run_dir, done + 1) \
-        if going and not trained and mid_stage else None
+    partial = progress_checkpoint(run_dir, done + 1) if going and not trained else None
     resume, news = None, ""
     if partial:
         resume = load_progress_checkpoint(partial[1], model, method)

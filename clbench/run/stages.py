@@ -70,15 +70,14 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
                       counts: dict[str, int] | None = None) -> None:
         nonlocal last_saved
         # not after the last step: the stage's own checkpoint follows at once
-        # Sharded (FSDP2), the optimizer state lives in shards: not kept in the middle of a
-        # stage yet, so a stopped stage is trained again from its start.
-        due = step + 1 < total and dist.sharding is None and \
-            time.monotonic() - last_saved >= run.checkpoint_minutes * 60
+        due = step + 1 < total and time.monotonic() - last_saved >= run.checkpoint_minutes * 60
         if not dist.broadcast(due):  # one decision for every process
             return
         summed = dist.sum_counts(counts or {})  # a collective: every process
+        # sharded, gathering the optimizer's shards is a collective too
+        progress = state() if dist.is_main or dist.sharding is not None else None
         if dist.is_main:
-            saved = {**state(), "counters": summed}
+            saved = {**progress, "counters": summed}
             save_progress_checkpoint(run_dir, stage, step, model, method, saved)
             log.info("stage %d: checkpoint after step %d of %d", stage, step + 1, total)
             ctx.on_saved()

@@ -96,7 +96,9 @@ class StageContext:
     # After optimizer step `step` (0-based) is complete and logged, every process calls
     # `save_progress(step, state, counts)`: `state()` returns what continuing after that step
     # needs besides the weights, the method's state_dict() and the RNGs (optimizer, schedule,
-    # report so far, ...) and is called on the main process only, when a checkpoint is due;
+    # report so far, ...) and is called on the main process only, when a checkpoint is due
+    # (on every process when the student is sharded: gathering the optimizer's shards, with
+    # `dist.optimizer_state`, is a collective);
     # `counts` (this process's counters) are summed over the processes into its "counters".
     save_progress: Callable[..., None] = lambda step, state, counts=None: None
     # The `state()` of the last saved step when the stage continues after a stop (it holds that

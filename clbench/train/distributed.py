@@ -369,6 +369,37 @@ class Distributed:
                 full = shard.full_tensor() if hasattr(shard, "full_tensor") else shard
                 param.copy_(full)
 
+    def optimizer_state(self, train_model: nn.Module, optimizer: Any) -> dict[str, Any]:
+        """A stage optimizer's state for a checkpoint. Sharded, the shards are gathered whole
+        onto the main process (a collective: every process calls it; the others get an empty
+        dict), keyed by parameter name."""
+        if self.sharding is None:
+            return optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        return get_optimizer_state_dict(
+            train_model, getattr(optimizer, "optimizer", optimizer),
+            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_optimizer_state(self, train_model: nn.Module, optimizer: Any,
+                             state: dict[str, Any]) -> None:
+        """Put :meth:`optimizer_state`'s `state` (read by every process) back; sharded, each
+        process keeps its shards of it."""
+        if self.sharding is None:
+            optimizer.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        set_optimizer_state_dict(train_model, getattr(optimizer, "optimizer", optimizer),
+                                 optim_state_dict=state,
+                                 options=StateDictOptions(full_state_dict=True))
+
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """Wrap a stage's optimizer for the accelerator.
 

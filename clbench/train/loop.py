@@ -261,7 +261,7 @@ class TrainingLoop:
         if ctx.resume is not None:  # continuing the stage after a stop
             hooks.load_state_dict(ctx.resume.get("objective", {}))
             start = restore_loop(ctx.resume, self.dist, self.optimizer, self.scheduler,
-                                 self.clock, self.counters, report.steps)
+                                 self.clock, self.counters, report.steps, self.train_model)
         every = max(1, hooks.batch_every)
         batch: StepBatch | None = None
         batch_stats: dict[str, float] = {}
@@ -286,7 +286,9 @@ class TrainingLoop:
             # at a batch boundary: no batch is reused past this step
             if hooks.resumable and (step + 1) % every == 0:
                 ctx.save_progress(step, lambda step=step: {
-                    **loop_state(step, self.optimizer, self.scheduler, self.clock, report.steps),
+                    **loop_state(step, self.dist.optimizer_state(self.train_model,
+                                                                 self.optimizer),
+                                 self.scheduler, self.clock, report.steps),
                     "objective": hooks.state_dict()}, self.counters.values)
         report.counters = self.dist.sum_counts(self.counters.values)
         report.wall_time = self.clock.snapshot()

@@ -241,18 +241,20 @@ class Counters:
         self.values[name] = self.values.get(name, 0) + int(amount)
 
 
-def loop_state(step: int, optimizer: Any, scheduler: Any, clock: PhaseClock,
+def loop_state(step: int, optimizer_state: dict[str, Any], scheduler: Any, clock: PhaseClock,
                steps: list[dict[str, Any]]) -> dict[str, Any]:
     """A training loop's progress after optimizer step `step` (0-based), for
     ``StageContext.save_progress`` (which adds the counters summed over the processes):
-    optimizer and schedule states, phase times and the per-step records so far."""
-    return {"step": step, "optimizer": optimizer.state_dict(),
+    optimizer state (:meth:`Distributed.optimizer_state`) and schedule state, phase times and
+    the per-step records so far."""
+    return {"step": step, "optimizer": optimizer_state,
             "scheduler": scheduler.state_dict(), "clock": clock.snapshot(),
             "steps": [dict(r) for r in steps]}
 
 
 def restore_loop(state: dict[str, Any], dist: Distributed, optimizer: Any, scheduler: Any,
-                 clock: PhaseClock, counters: Counters, steps: list[dict[str, Any]]) -> int:
+                 clock: PhaseClock, counters: Counters, steps: list[dict[str, Any]],
+                 train_model: Any = None) -> int:
     """Put a saved :func:`loop_state` back into a loop's freshly built parts; the next step to
     run. The main process takes the counters summed over the processes and the others start
     from zero, so the stage's final sum counts everything once. The RNGs are set to where the
@@ -261,7 +263,7 @@ def restore_loop(state: dict[str, Any], dist: Distributed, optimizer: Any, sched
     loop. `state` is emptied (the protocol checks that a stage to continue was taken)."""
     from clbench.seeding import set_rng_states
 
-    optimizer.load_state_dict(state["optimizer"])
+    dist.load_optimizer_state(train_model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     clock.seconds = dict(state["clock"])
     counters.values = {k: int(v) if dist.is_main else 0 for k, v in state["counters"].items()}
