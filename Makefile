@@ -31,7 +31,7 @@ $(1) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(1) -c '
 endef
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-slow test-browser test-lowest lint clean-venv
+.PHONY: setup run test test-slow test-browser test-lowest check-extras lint clean-venv
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile examples/plugins/*/pyproject.toml
@@ -66,6 +66,11 @@ test-browser: setup
 # lowest-direct resolution), so that the floors stated there are floors that work. torch is
 # the exception: it stays the one `setup` installs, since older CPU builds come only from
 # PyTorch's own index.
+# The optional extras still resolve beside the pinned torch (`clbench[vllm]`: vLLM's release for
+# it); pip resolves them from the package index without installing anything.
+check-extras: setup
+	$(PIP) install --dry-run --quiet -e ".[vllm]"
+
 test-lowest: setup
 	rm -rf $(LOWEST)  # made afresh: an installed version that satisfies a floor would be kept
 	$(PYTHON) -m venv $(LOWEST)
