@@ -39,6 +39,9 @@ def test_key_covers_what_row0_depends_on_and_nothing_else(tmp_path: Path) -> Non
     assert _key(suite, sets=("protocol.decoding.max_new_tokens=3",)) != base
     assert _key(suite, resolved={"dtype": "bfloat16"}) != base
     assert _key(suite, model="org/other-model") != base
+    # vLLM only draws training rollouts: evaluation is the decode loop's, so is the row
+    assert _key(suite, sets=("model.generation=vllm",)) == base
+    assert _key(suite, sets=("model.generation=static",)) != base
     # seed-dependent rows: a randomly initialised tiny model, or sampled decoding
     assert _key(suite, model="tiny-llama") != _key(suite, model="tiny-llama", seed=1)
     sampled = ("protocol.decoding.temperature=0.7",)

@@ -111,6 +111,16 @@ def files_fingerprint(folders: Sequence[Path]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _evaluated_model(run: RunSpec) -> dict[str, Any]:
+    """The model spec as evaluation uses it: an engine that only draws training rollouts
+    (`generation: vllm`) evaluates with the decode loop, so it shares the loop's rows."""
+    from clbench.train.rollout import evaluation_engine
+
+    spec = run.model.model_dump(mode="json")
+    spec["generation"] = evaluation_engine(spec["generation"])
+    return spec
+
+
 def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, Any],
                  versions: dict[str, str]) -> str:
     """The cache key of row 0 (see the module docstring for what it covers): `resolved` is how
@@ -139,7 +149,7 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, 
         "columns": columns,
         "decoding": protocol.decoding.model_dump(mode="json"),
         "bootstrap_samples": protocol.bootstrap_samples,
-        "model": run.model.model_dump(mode="json"),
+        "model": _evaluated_model(run),
         "weights": model_fingerprint(run.model.name),
         "resolved": resolved,
         "versions": versions,
