@@ -1,0 +1,162 @@
+"""The measurements behind docs/findings.md, from complete runs of one suite.
+
+    python benchmarks/findings.py results/starter-3seeds/*.json
+
+Prints, as Markdown, one table per claim of the paper (docs/findings.md has the claims): the
+methods' means over seeds, and for the pairs a claim compares the difference with a 95%
+seed-and-item bootstrap interval (seeds resampled, every cell redrawn as a binomial at its score
+and item count, as `clbench report --compare` does). Weight drift has no items: its interval
+resamples seeds alone. Methods are labelled as `clbench report` labels them (`sdpo
+(teacher="ema")` for the EMA variant).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from clbench.report.comparison import comparison_groups
+from clbench.report.runs import collect_results
+from clbench.results import RunResult
+
+SAMPLES = 2000
+
+
+def _matrix(run: RunResult) -> tuple[np.ndarray, np.ndarray]:
+    scores = np.array([[np.nan if v is None else v for v in row] for row in run.score_matrix()])
+    counts = np.array([[0 if c is None else c.n for c in row] for row in run.matrix])
+    return scores, counts
+
+
+def _draws(runs: Sequence[RunResult], value: Callable[[RunResult, np.ndarray], float | None],
+           rng: np.random.Generator, items: bool = True) -> np.ndarray:
+    """One method's mean of `value(run, redrawn matrix)` over resampled seeds, per draw."""
+    out = np.full(SAMPLES, np.nan)
+    mats = [_matrix(r) for r in runs]
+    for b in range(SAMPLES):
+        values = []
+        for i in rng.integers(0, len(runs), size=len(runs)):
+            p, n = mats[i]
+            if items:
+                p = np.where(n > 0, rng.binomial(np.maximum(n, 1), np.nan_to_num(p))
+                             / np.maximum(n, 1), np.nan)
+            v = value(runs[i], p)
+            if v is not None and not np.isnan(v):
+                values.append(v)
+        if values:
+            out[b] = float(np.mean(values))
+    return out
+
+
+def _mean_sd(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.3g} (n=1)"
+    return f"{statistics.mean(values):.3g} ± {statistics.stdev(values):.2g} (n={len(values)})"
+
+
+def _interval(a: np.ndarray, b: np.ndarray) -> str:
+    d = a - b
+    d = d[~np.isnan(d)]
+    if not len(d):
+        return "n/a"
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    verdict = "beyond noise" if lo > 0 or hi < 0 else "within noise"
+    return f"[{lo:+.3g}, {hi:+.3g}] {verdict}"
+
+
+def _column(run: RunResult, name: str) -> int | None:
+    names = [c.name for c in run.columns]
+    return names.index(name) if name in names else None
+
+
+def cell(column: str, row: int = -1) -> Callable[[RunResult, np.ndarray], float | None]:
+    def value(run: RunResult, p: np.ndarray) -> float | None:
+        j = _column(run, column)
+        return None if j is None else float(p[row][j])
+    return value
+
+
+def lost(column: str, after: int) -> Callable[[RunResult, np.ndarray], float | None]:
+    """How much `column` fell from the row after stage `after` to the last row."""
+    def value(run: RunResult, p: np.ndarray) -> float | None:
+        j = _column(run, column)
+        return None if j is None else float(p[after][j] - p[-1][j])
+    return value
+
+
+def ood_delta(run: RunResult, p: np.ndarray) -> float | None:
+    ood = [j for j, c in enumerate(run.columns) if c.kind == "ood"]
+    return float(np.nanmean(p[-1][ood] - p[0][ood])) if ood else None
+
+
+def drift(key: str) -> Callable[[RunResult, np.ndarray], float | None]:
+    def value(run: RunResult, p: np.ndarray) -> float | None:
+        record = run.stages[-1].diagnostics.get("weight_drift", {}) if run.stages else {}
+        v = record.get("vs_base", {}).get("all", {}).get(key)
+        return None if v is None else float(v)
+    return value
+
+
+def table(title: str, groups: dict[str, list[RunResult]],
+          measures: dict[str, tuple[Callable[[RunResult, np.ndarray], float | None], bool]],
+          pairs: Sequence[tuple[str, str]]) -> None:
+    rng = np.random.default_rng(0)
+    print(f"\n### {title}\n")
+    print("| method | " + " | ".join(measures) + " |")
+    print("|---|" + "---:|" * len(measures))
+    for label, runs in groups.items():
+        empty = np.zeros((0, 0))
+        cells = []
+        for fn, _ in measures.values():
+            values = [v for r in runs if (v := fn(r, _matrix(r)[0] if r.matrix else empty))
+                      is not None]
+            cells.append(_mean_sd(values))
+        print(f"| {label} | " + " | ".join(cells) + " |")
+    present = [(a, b) for a, b in pairs if a in groups and b in groups]
+    if not present:
+        return
+    print("\n| pair | " + " | ".join(measures) + " |")
+    print("|---|" + "---:|" * len(measures))
+    for a, b in present:
+        cells = []
+        for fn, items in measures.values():
+            cells.append(_interval(_draws(groups[a], fn, rng, items),
+                                   _draws(groups[b], fn, rng, items)))
+        print(f"| {a} − {b} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="+", help="results.json files or run folders")
+    args = parser.parse_args()
+    groups = comparison_groups(collect_results(args.results))
+    for suite, labels in groups.items():
+        print(f"## {suite}")
+        ema = next((k for k in labels if "ema" in k), None)
+        frozen = next((k for k in labels if k.startswith("sdpo (") and "frozen" in k), "sdpo")
+        table("1. SDPO forgets more than GRPO over the stream", labels,
+              {"math after its stage": (cell("math", 1), True), "final math": (cell("math"), True),
+               "math lost since": (lost("math", 1), True), "OOD delta": (ood_delta, True)},
+              [(frozen, "grpo"), ("stable-sdpo", "grpo"), ("sdpo-cot", "grpo")])
+        table("2. SDPO drifts further than GRPO (after the last stage, against the base)",
+              labels, {"NSS": (drift("nss"), False),
+                       "max principal angle (deg)": (drift("max_principal_angle"), False)},
+              [(frozen, "grpo"), ("sdpo-cot", frozen)])
+        if ema is not None:
+            table("3. An EMA-5% teacher is worse than a frozen or refresh-and-freeze one",
+                  labels, {"math after its stage": (cell("math", 1), True),
+                           "final math": (cell("math"), True)},
+                  [(ema, frozen), (ema, "stable-sdpo")])
+        table("4. Chain-of-thought supervision helps tool use and hurts math", labels,
+              {"math after its stage": (cell("math", 1), True),
+               "tool_use after its stage": (cell("tool_use", 3), True)},
+              [("sdpo-cot", frozen)])
+
+
+if __name__ == "__main__":
+    main()
