@@ -3,7 +3,9 @@
 A :class:`Generator` turns chat prompts into :class:`Rollout` records (n samples per prompt).
 :class:`HFGenerator` decodes batches of left-padded prompts with a KV cache through the loop of
 :mod:`clbench.train.decoding` (`model.generate` for models whose cache that loop cannot run);
-another backend (vLLM) only has to implement :meth:`Generator.generate_from_ids`.
+another backend (vLLM, :mod:`clbench.train.vllm_engine`) only has to implement
+:meth:`Generator.generate_from_ids`, and report its sampler's log-probs when it samples from
+weights other than the trained ones (`Rollout.sampler_logprobs`).
 
 Conventions every backend keeps:
 - prompts are chats, encoded with `apply_chat_template(add_generation_prompt=True)` (and the start
