@@ -136,13 +136,19 @@ class RolloutBatch(StepBatch):
         return TokenLogprobs(pad_to(scored.logprobs, self.length),
                              pad_to(scored.mask, self.length))
 
+    def sampler_weights_of(self, rows: range | list[int], length: int,
+                           device: torch.device) -> torch.Tensor | None:
+        """The sampler correction's weights of `rows`, cut to their first `length` positions
+        ([len(rows), length] or [len(rows), 1]); None when the decode loop drew the batch."""
+        if self.sampler_weights is None:
+            return None
+        return self.sampler_weights[list(rows)][:, :length].to(device)
+
     def corrected(self, per_token: torch.Tensor, rows: range | list[int]) -> torch.Tensor:
         """`per_token` losses of `rows` ([len(rows), T'] with T' <= T) times their sampler
         correction weights, or unchanged when there are none."""
-        if self.sampler_weights is None:
-            return per_token
-        weights = self.sampler_weights[list(rows)].to(per_token.device)
-        return per_token * weights[:, :per_token.shape[1]]
+        weights = self.sampler_weights_of(rows, per_token.shape[1], per_token.device)
+        return per_token if weights is None else per_token * weights
 
     def old_or_detached(self, rows: range, current: torch.Tensor) -> torch.Tensor:
         """The sampling policy's log-probs of `rows` (the current ones, detached, on the first

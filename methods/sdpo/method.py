@@ -274,8 +274,7 @@ class SDPOObjective(Objective):
         mask = supervised[active][:, :length]
         old = None if batch.old_logprobs is None else \
             batch.old_logprobs[active][:, :length].to(student.token_logprobs.device)
-        sampled = None if batch.sampler_weights is None else \
-            batch.sampler_weights[active][:, :length].to(mask.device)
+        sampled = batch.sampler_weights_of(active, length, mask.device)
         terms = sdpo_loss(student, teacher, mask, old_logprobs=old, divergence=cfg.divergence,
                           alpha=cfg.alpha, is_clip=cfg.is_clip, normalizer=batch.total_tokens,
                           sampler_weights=sampled)
