@@ -137,3 +137,23 @@ def test_an_engine_with_the_wrong_number_of_sampler_logprobs_is_refused(tmp_path
     with pytest.raises(RuntimeError, match=r"Short returned \d+ sampler log-probs for a "
                                            r"completion of \d+ tokens"):
         trainer.collect(0)
+
+
+def test_an_sdpo_step_on_a_batch_drawn_elsewhere_scales_by_the_weights(tmp_path: Path) -> None:
+    from methods.sdpo.method import SDPOConfig, SDPOObjective
+
+    model, tok = tiny(seed=0)
+    ctx = toy_context(model, tok, tmp_path, steps=1)
+    # the verifier's feedback gives every failed rollout a teacher, so every row has a loss
+    config = SDPOConfig(feedback="rich", sampler_correction="token_truncate")
+    objective = SDPOObjective(config)
+    trainer = OnPolicyTrainer(ctx, objective, config,
+                              generator=OffsetEngine(model, tok, math.log(2.0)))
+    objective.on_stage_start(trainer)
+    batch, _ = trainer.collect(0)
+    rows = range(batch.size)
+    weighted, _ = objective.loss(batch, rows, trainer)
+    batch.sampler_weights = None
+    plain, _ = objective.loss(batch, rows, trainer)
+    assert plain.item() != 0.0
+    assert weighted.item() == pytest.approx(2.0 * plain.item(), rel=1e-5)
