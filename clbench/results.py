@@ -27,7 +27,7 @@ import time
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -46,7 +46,8 @@ from clbench.spec.schema import NAME_PATTERN, RunSpec, SuiteSpec
 if TYPE_CHECKING:
     import torch
 
-RESULTS_SCHEMA_VERSION = "1.2"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined)
+RESULTS_SCHEMA_VERSION = "1.3"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined);
+# 1.3: `method.git_revision`
 RESULTS_FILENAME = "results.json"
 
 RunStatus = Literal["complete", "partial", "failed", "collapsed"]
@@ -157,6 +158,9 @@ class MethodInfo(Record):
     distribution: str | None = Field(default=None, description="The installed distribution "
                                      "the method came from.")
     version: str | None = Field(default=None, description="That distribution's version.")
+    git_revision: str | None = Field(default=None, description="The commit of the git checkout "
+                                     "holding the method's code (`+dirty` with local changes), "
+                                     "if it is in one.")
 
 
 class ModelInfo(Record):
@@ -252,11 +256,19 @@ def columns_for_suite(suite: SuiteSpec, source_versions: dict[str, str] | None =
     return cols
 
 
+class CodeOrigin(Protocol):
+    """Where a method's code came from (:class:`clbench.plugins.registry.Origin`)."""
+
+    distribution: str | None
+    version: str | None
+    source_revision: str | None
+
+
 def new_result(run: RunSpec, method_config: dict[str, Any] | None = None,
-               method_distribution: str | None = None,
-               method_version: str | None = None,
+               origin: CodeOrigin | None = None,
                source_versions: dict[str, str] | None = None) -> RunResult:
-    """An empty `partial` result for `run`: provenance filled in, no rows yet."""
+    """An empty `partial` result for `run`: provenance filled in (the method's from `origin`),
+    no rows yet."""
     return RunResult(
         status="partial",
         suite=run.suite.model_dump(mode="json"),
@@ -264,7 +276,9 @@ def new_result(run: RunSpec, method_config: dict[str, Any] | None = None,
         method=MethodInfo(name=run.method.name,
                           config=method_config if method_config is not None
                           else dict(run.method.params),
-                          distribution=method_distribution, version=method_version),
+                          distribution=origin.distribution if origin else None,
+                          version=origin.version if origin else None,
+                          git_revision=origin.source_revision if origin else None),
         model=ModelInfo(spec=run.model.model_dump(mode="json")),
         seed=run.seed,
         joint=run.joint,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
+from test_pairwise import _run as complete_run
 from test_rundir import _old_hash, _run
 
 from clbench.plugins import registry
@@ -133,3 +135,35 @@ def test_a_table_into_a_file_is_printed_whole_and_on_a_terminal_fits_the_window(
     terminal = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
     print_uncut(terminal, table)
     assert max(map(len, terminal.file.getvalue().splitlines())) <= 80
+
+
+def test_an_entry_mixing_code_versions_says_which_seeds_ran_which(tmp_path: Path) -> None:
+    """Seeds of one method made by different commits (of clbench, or of the method's own
+    checkout) are still one entry, but the report names each version and its seeds, in the
+    tables, the JSON and the Markdown; seeds of one version give no such line."""
+    from rich.console import Console
+
+    from clbench.report.runs import report
+    from clbench.results import write_results
+
+    revisions = {0: ("a" * 40, None), 1: ("b" * 40 + "+dirty", None),
+                 2: ("a" * 40, "c" * 40)}  # seed 2: clbench at a, its method from another
+    for seed, (own, method) in revisions.items():
+        r = complete_run(tmp_path, "sft", seed, 0.5)
+        r.git_revision, r.method.git_revision = own, method
+        write_results(tmp_path / "mixed" / f"s{seed}" / "results.json", r)
+    expected = ("smoke / sft: runs of different code (clbench aaaaaaa: seed 0; "
+                "clbench aaaaaaa, method ccccccc: seed 2; clbench bbbbbbb+dirty: seed 1)")
+    console = Console(record=True, width=400)
+    data = report([tmp_path / "mixed"], console=console)
+    assert data["mixed_code"] == [expected]
+    assert expected in console.export_text()
+    markdown = io.StringIO()
+    report([tmp_path / "mixed"], console=Console(file=markdown), as_markdown=True)
+    assert f"> {expected}" in markdown.getvalue()
+
+    for seed in (0, 1):  # one commit, the method from the same checkout: nothing to say
+        r = complete_run(tmp_path, "sft", seed, 0.5)
+        r.git_revision = r.method.git_revision = "a" * 40
+        write_results(tmp_path / "same" / f"s{seed}" / "results.json", r)
+    assert "mixed_code" not in report([tmp_path / "same"], console=Console(record=True))

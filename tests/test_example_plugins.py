@@ -44,6 +44,8 @@ def test_an_example_plugin_runs_the_smoke_suite_and_is_recorded(method: str,
     assert recorded["status"] == "complete"
     assert recorded["method"]["distribution"] == EXAMPLES[method]
     assert recorded["method"]["version"] == "0.1.0"
+    # the example lives in clbench's checkout: its code's commit is clbench's
+    assert recorded["method"]["git_revision"] == recorded["git_revision"]
 
 
 def test_ewc_keeps_the_important_weights_near_those_after_the_earlier_stage(tmp_path: Path

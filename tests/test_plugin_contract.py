@@ -88,3 +88,54 @@ def test_a_method_named_by_its_location_loads_with_its_distribution() -> None:
     with pytest.raises(registry.PluginError, match="is not a subclass of "
                        "clbench.train.api.Method"):
         registry.load_method_class("clbench.train.api:StageReport")
+
+
+def test_a_method_records_the_commit_of_the_checkout_holding_its_code(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A built-in's code is in clbench's own checkout; a method in another git checkout records
+    that checkout's commit, `+dirty` once its files are edited."""
+    import subprocess
+
+    from clbench.results import git_revision
+
+    sft = registry.plugin_origin(registry.METHODS_GROUP, "sft")
+    assert sft.source_revision == git_revision()
+    repo = tmp_path / "elsewhere"
+    (repo / "other_methods").mkdir(parents=True)
+    (repo / "other_methods" / "__init__.py").write_text("")
+    module = repo / "other_methods" / "mine.py"
+    module.write_text("from clbench_methods.sft import SFT\n\n\nclass Mine(SFT):\n    pass\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c",
+                               "user.email=t@example.org", *args], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "a method")
+    monkeypatch.syspath_prepend(str(repo))
+    mine = registry.plugin_origin(registry.METHODS_GROUP, "other_methods.mine:Mine")
+    assert mine.source_revision == git("rev-parse", "HEAD") != sft.source_revision
+    module.write_text(module.read_text() + "# edited\n")
+    assert registry.plugin_origin(registry.METHODS_GROUP, "other_methods.mine:Mine"
+                                  ).source_revision == git("rev-parse", "HEAD") + "+dirty"
+
+
+def test_a_built_in_method_from_another_checkout_than_clbench_is_warned_about(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from clbench.run import protocol
+
+    monkeypatch.setattr(protocol, "git_revision", lambda: "a" * 40)
+    with caplog.at_level("WARNING", logger=protocol.log.name):
+        protocol.warn_if_another_checkout("sft", registry.Origin(
+            "clbench", "0.1.0", "clbench_methods.sft:SFT", "b" * 40 + "+dirty"))
+        (record,) = caplog.records
+        assert record.getMessage().startswith(
+            f"the method 'sft' ships with clbench but its code is from a checkout at {'b' * 40}"
+            f"+dirty, clbench's from one at {'a' * 40}")
+        caplog.clear()
+        protocol.warn_if_another_checkout("sft", registry.Origin(  # one checkout
+            "clbench", "0.1.0", "clbench_methods.sft:SFT", "a" * 40))
+        protocol.warn_if_another_checkout("mine", registry.Origin(  # not a built-in
+            "my-methods", "1.0", "my_methods:Mine", "b" * 40))
+        assert caplog.records == []

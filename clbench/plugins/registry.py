@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
@@ -173,6 +175,10 @@ class Origin:
     distribution: str | None  # the installed distribution that declares (or holds) it
     version: str | None       # that distribution's version
     target: str               # `module:attribute`
+    # the commit (`+dirty` with local changes) of the git checkout holding the plugin's module,
+    # None outside one: an editable install or a PYTHONPATH entry runs whatever is checked out
+    # there, which the distribution's version does not tell
+    source_revision: str | None = None
 
 
 class _PathEntryPoint:
@@ -295,9 +301,19 @@ def _undocumented_fields(group: str, cls: type) -> list[str]:
 
 def plugin_origin(group: str, name: str) -> Origin:
     """The distribution (and its version) that `name` in `group` comes from."""
-    _load_class(group, name)  # a plugin that cannot be used has no origin to record
+    cls = _load_class(group, name)  # a plugin that cannot be used has no origin to record
     ep = _candidates(group, name)[0]
-    return Origin(_dist_name(ep), _dist_version(ep), ep.value)
+    return Origin(_dist_name(ep), _dist_version(ep), ep.value, _source_revision(cls))
+
+
+def _source_revision(cls: type) -> str | None:
+    from clbench.results import git_revision
+
+    try:
+        where = Path(inspect.getfile(cls)).resolve().parent
+    except (TypeError, OSError):  # defined interactively or in a built-in module
+        return None
+    return git_revision(where)
 
 
 def _base_class(group: str) -> type:

@@ -90,6 +90,38 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
     return groups
 
 
+def mixed_code(groups: Groups) -> list[str]:
+    """One line per entry whose runs were made by different code (clbench's commit, or the
+    method's where it came from another checkout): their mean is over more than one version.
+    A run that recorded no commit counts as a version of its own."""
+    titles = suite_titles(groups)
+    lines = []
+    for suite, labels in groups.items():
+        for label, runs in sorted(labels.items()):
+            seeds: dict[str, list[int]] = {}
+            for r in runs:
+                seeds.setdefault(code_version(r), []).append(r.seed)
+            if len(seeds) > 1:
+                parts = "; ".join(f"{code}: seed{'s' if len(s) > 1 else ''} "
+                                  f"{', '.join(map(str, sorted(s)))}"
+                                  for code, s in sorted(seeds.items()))
+                lines.append(f"{titles[suite]} / {label}: runs of different code ({parts})")
+    return lines
+
+
+def code_version(result: RunResult) -> str:
+    """`clbench <commit>`, plus `method <commit>` when the method's checkout differs."""
+    def short(revision: str | None) -> str:
+        if not revision:
+            return "not recorded"
+        commit, _, dirty = revision.partition("+")
+        return commit[:7] + (f"+{dirty}" if dirty else "")
+
+    own, method = result.git_revision, result.method.git_revision
+    text = f"clbench {short(own)}"
+    return text if method is None or method == own else f"{text}, method {short(method)}"
+
+
 def comparison(groups: Groups) -> dict[str, Any]:
     """Mean ± std over seeds of every headline metric, per suite and method setting
     (`groups` from :func:`comparison_groups`)."""

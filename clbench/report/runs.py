@@ -28,6 +28,7 @@ from clbench.report.comparison import (
     cost_tables,
     format_gib,
     metric_order,
+    mixed_code,
     print_comparison,
     settings_line,
 )
@@ -210,6 +211,10 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
             console.print(f"[yellow]not complete (left out of the comparison): "
                           f"{escape(', '.join(incomplete))}[/]", soft_wrap=True)
     groups = comparison_groups(found)
+    mixed = mixed_code(groups)
+    if as_tables:
+        for line in mixed:
+            console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
     data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
                       "seed": r.seed, "joint": r.joint, "status": r.status,
                       "row_labels": r.row_labels,
@@ -229,13 +234,17 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
         pairwise_tables = difference_tables(data["pairwise"], suite_titles(data["pairwise"]))
     if skipped:
         data["skipped"] = skipped
+    if mixed:
+        data["mixed_code"] = mixed
     if corrected:
         data["recomputed"] = corrected
     if as_json:
         console.print_json(json.dumps(data))
     elif as_markdown:
-        console.file.write(markdown_report(found, data["comparison"], [*skipped, *(
-            f"{line}; the recomputed value is shown" for line in corrected)], data["cost"],
+        console.file.write(markdown_report(found, data["comparison"], [
+            *(f"left out: {reason}" for reason in skipped),
+            *(f"recomputed: {line}; the recomputed value is shown" for line in corrected),
+            *mixed], data["cost"],
             pairwise_tables))
     else:
         print_comparison(console, data["comparison"], data["cost"], pairwise_tables)
@@ -255,13 +264,14 @@ def _md_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
 
 
 def markdown_report(found: Sequence[tuple[Path, RunResult]], table_data: dict[str, Any],
-                    skipped: Sequence[str] = (), cost_data: dict[str, Any] | None = None,
+                    notes: Sequence[str] = (), cost_data: dict[str, Any] | None = None,
                     extra_tables: Sequence[tuple[str, list[str], list[list[str]]]] = ()
                     ) -> str:
     """`clbench report --markdown`: each run's R, compute and metrics, then the comparison over
     seeds. R's cells are scores; the item count of each column is said under the table (a cell
-    whose count differs from its column's says it in the cell)."""
-    out: list[str] = [f"> left out: {md_escape(reason)}" for reason in skipped]
+    whose count differs from its column's says it in the cell). `notes` (runs left out or
+    recomputed, entries mixing code versions) are quoted first."""
+    out: list[str] = [f"> {md_escape(note)}" for note in notes]
     for where, r in found:
         out += ["", f"### R: {md_escape(run_title(r))} ({r.status}), {md_escape(where)}", ""]
         if not r.matrix or not r.columns:

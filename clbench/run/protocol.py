@@ -54,6 +54,7 @@ from clbench.results import (
     RunResult,
     StageRecord,
     account_compute,
+    git_revision,
     new_result,
     write_results,
 )
@@ -311,6 +312,20 @@ def check_sharding_support(run: RunSpec, method: Method, dist: Distributed) -> N
                         "what a method must do to declare `supports_sharding`")
 
 
+def warn_if_another_checkout(name: str, origin: registry.Origin) -> None:
+    """Warn when a method that ships with clbench is loaded from another checkout than
+    clbench itself: a PYTHONPATH naming one checkout's `clbench` folder still imports the
+    methods from the installed one (their package is `methods/`), so a run would mix two
+    versions of the code while recording one commit."""
+    own = git_revision()
+    if origin.distribution == "clbench" and origin.source_revision and own \
+            and origin.source_revision != own:
+        log.warning("the method %r ships with clbench but its code is from a checkout at %s, "
+                    "clbench's from one at %s: results.json records both; to run one version, "
+                    "install the checkout you mean (pip install -e .) instead of pointing "
+                    "PYTHONPATH at it", name, origin.source_revision, own)
+
+
 def make_distributed(run: RunSpec) -> Distributed:
     """The run's accelerator; refuses budgets that cannot be split over its processes."""
     from clbench.train.distributed import Distributed
@@ -330,9 +345,11 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     model, tokenizer = loaded
     plans = items.plans
     origin = registry.plugin_origin(registry.METHODS_GROUP, run.method.name)
+    if main:
+        warn_if_another_checkout(run.method.name, origin)
     sources = [s.task.source for s in run.suite.stages] + [p.task.source for p in run.suite.probes
                                                            if p.task is not None]
-    result = previous or new_result(run, method_config, origin.distribution, origin.version,
+    result = previous or new_result(run, method_config, origin,
                                     {s: registry.load_task_class(s).version for s in sources})
     # every setting as this session runs it (fields added since the run began included: the
     # run directory's check made sure they do what the run did)
