@@ -102,17 +102,24 @@ def test_the_trainer_weights_a_batch_drawn_elsewhere(tmp_path: Path) -> None:
     assert batch.sampler_weights is None and "sampler_weight_mean" not in stats
 
 
-def test_grpo_and_sdpo_losses_scale_by_the_weights(tmp_path: Path) -> None:
-    trainer, objective, batch, _ = _batch(tmp_path, math.log(2.0),
-                                          sampler_correction="token_truncate")
-    # advantages of both signs, so the surrogate is not 0
-    batch.extra["advantages"] = torch.linspace(-1.0, 1.0, batch.size)
+def _losses_with_and_without_weights(objective, batch, trainer) -> tuple[float, float]:
+    """The batch's loss with its sampler weights, then with none; the plain one is not 0, so a
+    ratio between them means something."""
     rows = range(batch.size)
     weighted, _ = objective.loss(batch, rows, trainer)
     batch.sampler_weights = None
     plain, _ = objective.loss(batch, rows, trainer)
     assert plain.item() != 0.0
-    assert weighted.item() == pytest.approx(2.0 * plain.item(), rel=1e-6)
+    return weighted.item(), plain.item()
+
+
+def test_grpo_and_sdpo_losses_scale_by_the_weights(tmp_path: Path) -> None:
+    trainer, objective, batch, _ = _batch(tmp_path, math.log(2.0),
+                                          sampler_correction="token_truncate")
+    # advantages of both signs, so the surrogate is not 0
+    batch.extra["advantages"] = torch.linspace(-1.0, 1.0, batch.size)
+    weighted, plain = _losses_with_and_without_weights(objective, batch, trainer)
+    assert weighted == pytest.approx(2.0 * plain, rel=1e-6)
     # SDPO: the sampled-token terms of test_losses, -d for d = 1..6, weighted per completion
     student = losses.DistillationScores(-torch.ones(2, 3))
     teacher = losses.DistillationScores(-1 - torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))
@@ -151,9 +158,5 @@ def test_an_sdpo_step_on_a_batch_drawn_elsewhere_scales_by_the_weights(tmp_path:
                               generator=OffsetEngine(model, tok, math.log(2.0)))
     objective.on_stage_start(trainer)
     batch, _ = trainer.collect(0)
-    rows = range(batch.size)
-    weighted, _ = objective.loss(batch, rows, trainer)
-    batch.sampler_weights = None
-    plain, _ = objective.loss(batch, rows, trainer)
-    assert plain.item() != 0.0
-    assert weighted.item() == pytest.approx(2.0 * plain.item(), rel=1e-5)
+    weighted, plain = _losses_with_and_without_weights(objective, batch, trainer)
+    assert weighted == pytest.approx(2.0 * plain, rel=1e-5)
