@@ -7,7 +7,10 @@ methods' means over seeds, and for the pairs a claim compares the difference wit
 seed-and-item bootstrap interval (seeds resampled, every cell redrawn as a binomial at its score
 and item count, as `clbench report --compare` does). Weight drift has no items: its interval
 resamples seeds alone. Methods are labelled as `clbench report` labels them (`sdpo
-(teacher="ema")` for the EMA variant).
+(teacher="ema")` for the EMA variant). Claim 5 fits a quadratic to each run's points of column
+change over a stage against the column's MMD to that stage's training prompts (every column but
+the stage's own task) and bootstraps its curvature: an inverted U has curvature below 0 and its
+peak inside the measured distances.
 """
 
 from __future__ import annotations
@@ -65,21 +68,27 @@ def _difference(a: Sequence[RunResult], b: Sequence[RunResult],
     """`a - b`'s mean difference and its interval, with a verdict. With one seed on a side the
     interval holds the items' noise alone and says so; a measure without items (weight drift)
     has no interval at all there: resampling one seed gives a point, not an interval."""
-    def mean(runs: Sequence[RunResult]) -> float | None:
-        values = [v for r in runs if r.matrix and (v := fn(r, _matrix(r)[0])) is not None]
-        return float(np.mean(values)) if values else None
-
-    ma, mb = mean(a), mean(b)
+    ma, mb = _mean(a, fn), _mean(b, fn)
     if ma is None or mb is None:
         return "n/a"
     one_seed = len(a) < 2 or len(b) < 2
     if one_seed and not items:
         return f"{ma - mb:+.3g} (one seed: no interval)"
-    d = _draws(a, fn, rng, items) - _draws(b, fn, rng, items)
-    d = d[~np.isnan(d)]
-    lo, hi = np.percentile(d, [2.5, 97.5])
+    return _interval(ma - mb, _draws(a, fn, rng, items) - _draws(b, fn, rng, items), one_seed)
+
+
+def _mean(runs: Sequence[RunResult], fn: Callable[[RunResult, np.ndarray], float | None]
+          ) -> float | None:
+    values = [v for r in runs if r.matrix and (v := fn(r, _matrix(r)[0])) is not None]
+    return float(np.mean(values)) if values else None
+
+
+def _interval(point: float, draws: np.ndarray, one_seed: bool) -> str:
+    """`point` with the 95% interval of `draws` and whether it excludes 0."""
+    draws = draws[~np.isnan(draws)]
+    lo, hi = np.percentile(draws, [2.5, 97.5])
     verdict = "beyond noise" if lo > 0 or hi < 0 else "within noise"
-    return f"{ma - mb:+.3g} [{lo:+.3g}, {hi:+.3g}] {verdict}" + \
+    return f"{point:+.3g} [{lo:+.3g}, {hi:+.3g}] {verdict}" + \
         (" (items only: one seed)" if one_seed else "")
 
 
@@ -114,6 +123,55 @@ def drift(key: str) -> Callable[[RunResult, np.ndarray], float | None]:
         v = record.get("vs_base", {}).get("all", {}).get(key)
         return None if v is None else float(v)
     return value
+
+
+def transfer_points(run: RunResult, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(MMD, change) over every stage and every column but the stage's own task: how
+    far a column's probes are from the stage's training prompts, and how much the column moved
+    over that stage in the (possibly redrawn) matrix `p`."""
+    mmd, change = [], []
+    for stage in run.stages:
+        columns = stage.diagnostics.get("distance", {}).get("columns", {})
+        for name, point in columns.items():
+            j = _column(run, name)
+            if (j is not None and name != stage.name and point.get("mmd") is not None
+                    and stage.index < len(p)):
+                mmd.append(point["mmd"])
+                change.append(p[stage.index][j] - p[stage.index - 1][j])
+    return np.array(mmd, dtype=float), np.array(change, dtype=float)
+
+
+def curvature(run: RunResult, p: np.ndarray) -> float | None:
+    """The x^2 coefficient of a least-squares quadratic through the run's (MMD, change) points:
+    below 0 for an inverted U (None with fewer than three distinct distances)."""
+    x, y = transfer_points(run, p)
+    keep = ~np.isnan(y)
+    if len(np.unique(x[keep])) < 3:
+        return None
+    return float(np.polyfit(x[keep], y[keep], 2)[0])
+
+
+def distance_table(groups: dict[str, list[RunResult]], rng: np.random.Generator) -> None:
+    """Claim 5: per method and over all runs, the quadratic's curvature with its interval, and
+    the vertex of the quadratic through all the group's points (a peak when it curves down)."""
+    print("\n### 5. OOD change against training-to-probe distance is an inverted U\n")
+    print("| method | points | MMD range | curvature | vertex of the fit at MMD |")
+    print("|---|---:|---:|---:|---:|")
+    everyone = [r for runs in groups.values() for r in runs]
+    for label, runs in [*groups.items(), ("all runs", everyone)]:
+        points = [transfer_points(r, _matrix(r)[0]) for r in runs if r.matrix]
+        x = np.concatenate([pt[0] for pt in points]) if points else np.zeros(0)
+        y = np.concatenate([pt[1] for pt in points]) if points else np.zeros(0)
+        point = _mean(runs, curvature)
+        if point is None or len(x) < 3:
+            print(f"| {label} | {len(x)} | n/a | n/a | n/a |")
+            continue
+        c, b, _ = np.polyfit(x, y, 2)
+        vertex = -b / (2 * c)
+        where = f"{vertex:.2f} ({'peak' if c < 0 else 'trough'}" + \
+            (")" if x.min() <= vertex <= x.max() else ", outside the range)")
+        shown = _interval(point, _draws(runs, curvature, rng), len(runs) < 2)
+        print(f"| {label} | {len(x)} | {x.min():.2f}-{x.max():.2f} | {shown} | {where} |")
 
 
 def table(title: str, groups: dict[str, list[RunResult]],
@@ -169,6 +227,7 @@ def main() -> None:
               {"math after its stage": (cell("math", 1), True),
                "tool_use after its stage": (cell("tool_use", 3), True)},
               [("sdpo-cot", frozen)])
+        distance_table(labels, np.random.default_rng(0))
 
 
 if __name__ == "__main__":
