@@ -12,7 +12,8 @@ major version with a message saying what to upgrade. Documents of the version th
 are validated strictly, so a misspelt field is an error rather than silently dropped.
 
 `account_compute` fills a run's compute (tokens, wall time summed over resumed sessions, device,
-peak memory) as the run goes.
+peak memory) as the run goes; `reset_peak_memory` starts a run's peak from what the process holds
+when the run starts.
 """
 
 from __future__ import annotations
@@ -466,9 +467,8 @@ def peak_memory_kind(device: str) -> str:
 
 def account_compute(result: RunResult, elapsed: float, device: torch.device) -> None:
     """Fill `result.compute`: tokens over all stages, wall time (`elapsed` added to what earlier
-    sessions of the run took), device, peak memory."""
-    import resource
-
+    sessions of the run took), device, peak memory (since :func:`reset_peak_memory`; the
+    largest over the run's sessions)."""
     import torch
 
     tokens: dict[str, int] = {}
@@ -478,10 +478,38 @@ def account_compute(result: RunResult, elapsed: float, device: torch.device) -> 
     result.compute.tokens = tokens
     result.compute.wall_time_s += elapsed
     result.compute.device = str(device)
-    if device.type == "cuda":
-        peak = int(torch.cuda.max_memory_allocated(device))
-    else:
-        # the process's peak since it started (KiB on Linux): in an in-process sweep
-        # (--jobs 1) a later run reports at least the peak of the runs before it
-        peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" \
+        else resident_peak_bytes()
     result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Measure peak memory from here on (called as a run starts): a process that runs several
+    runs one after another (an in-process sweep) would otherwise report for each the peak of
+    the largest run before it. On a CPU this resets Linux's high-water mark of resident memory
+    (`/proc/self/clear_refs`) to what the process holds now; where that cannot be done the
+    peak stays the process's since it started."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def resident_peak_bytes() -> int:
+    """The process's peak resident memory since it started or since :func:`reset_peak_memory`:
+    Linux's high-water mark, or `getrusage` where there is no /proc."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    import resource
+
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere

@@ -106,6 +106,27 @@ def test_run_dir_of_another_spec_is_refused(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "holds no clbench run" in res.output.replace("\n", " ")
 
 
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(),
+                    reason="resetting the peak of resident memory is Linux's")
+def test_a_run_reports_its_own_peak_memory_not_an_earlier_runs_in_the_process(
+        tmp_path: Path) -> None:
+    """An in-process sweep runs one run after another in one process: the process's peak is the
+    largest run's so far, and each run must report its own instead."""
+    import numpy as np
+
+    from clbench.results import resident_peak_bytes
+
+    earlier = np.ones(2**30 // 8)  # 1 GiB touched, as a larger run before this one would
+    del earlier
+    high_water = resident_peak_bytes()
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--out",
+                   str(tmp_path / "run"), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    peak = read_results(tmp_path / "run" / "results.json").compute.peak_memory_bytes
+    assert peak is not None and 0 < peak < high_water - 2**29, (peak, high_water)
+
+
 @pytest.mark.parametrize("stopped_in", ["fill_metrics", "print_summary"])  # by the run, the CLI
 def test_ctrl_c_after_the_last_row_says_whether_the_run_completed(tmp_path: Path, monkeypatch,
                                                                   stopped_in: str) -> None:

@@ -56,6 +56,7 @@ from clbench.results import (
     account_compute,
     git_revision,
     new_result,
+    reset_peak_memory,
     write_results,
 )
 from clbench.run.baserow import base_row, evaluation_stamp
@@ -195,6 +196,7 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
         # folder is claimed: a corrected command may then use the same --out.
         check_lm_eval_probes(run)  # every process: it only reads task folders
         items = _draw_items(run, first_stage=len(previous.matrix) if previous else 1)
+        reset_peak_memory(dist.device)  # this run's peak, not an earlier run's in this process
         model = _load_model(run, dist)
         if dist.is_main:
             atomic_write_json(run_dir / IDENTITY_FILE, identity)
