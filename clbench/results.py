@@ -483,21 +483,23 @@ def account_compute(result: RunResult, elapsed: float, device: torch.device) -> 
     result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)
 
 
-def reset_peak_memory(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device) -> bool:
     """Measure peak memory from here on (called as a run starts): a process that runs several
     runs one after another (an in-process sweep) would otherwise report for each the peak of
     the largest run before it. On a CPU this resets Linux's high-water mark of resident memory
-    (`/proc/self/clear_refs`) to what the process holds now; where that cannot be done the
-    peak stays the process's since it started."""
+    (`/proc/self/clear_refs`) to what the process holds now. False where it cannot be done (no
+    /proc: the peak stays the process's since it started)."""
     import torch
 
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        return
+        if torch.cuda.is_initialized():  # else nothing was allocated yet, and resetting raises
+            torch.cuda.reset_peak_memory_stats(device)
+        return True
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
-        pass
+        return False
+    return True
 
 
 def resident_peak_bytes() -> int:

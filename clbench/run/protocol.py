@@ -34,6 +34,7 @@ seeds is :mod:`clbench.sweep.grid`; tables live in :mod:`clbench.report.runs`.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -195,8 +196,8 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
         # Every mistake that can be found before anything is computed is found before the
         # folder is claimed: a corrected command may then use the same --out.
         check_lm_eval_probes(run)  # every process: it only reads task folders
+        _start_peak_memory(dist.device)
         items = _draw_items(run, first_stage=len(previous.matrix) if previous else 1)
-        reset_peak_memory(dist.device)  # this run's peak, not an earlier run's in this process
         model = _load_model(run, dist)
         if dist.is_main:
             atomic_write_json(run_dir / IDENTITY_FILE, identity)
@@ -212,6 +213,17 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
             if handler is None:  # stopped before it held anything: leave no trace
                 release_unused_run_dir(run_dir, created)
             lock.close()
+
+
+def _start_peak_memory(device: Any) -> None:
+    """This run's peak memory, not an earlier run's in this process (an in-process sweep): what
+    those runs left to the garbage collector and the C heap is given back first, so the peak
+    starts from what the process really holds."""
+    gc.collect()
+    release_free_memory()
+    if not reset_peak_memory(device):
+        log.info("cannot reset the peak of resident memory here: the run records the process's "
+                 "peak since it started")
 
 
 def resolution(run: RunSpec) -> dict[str, Any]:
