@@ -2,16 +2,16 @@
 
     python benchmarks/findings.py results/starter-3seeds/*.json
 
-Prints, as Markdown, one table per claim of the paper (docs/findings.md has the claims): the
-methods' means over seeds, and for the pairs a claim compares the difference with a 95%
-seed-and-item bootstrap interval (seeds resampled, every cell redrawn as a binomial at its score
-and item count, as `clbench report --compare` does). Weight drift has no items: its interval
-resamples seeds alone. Methods are labelled as `clbench report` labels them (`sdpo
-(teacher="ema")` for the EMA variant). Claim 5 fits a quadratic to each run's points of column
-change over a stage against the column's MMD to that stage's training prompts (every column not
-trained by then: the held-out probes and the later stages' tasks) and bootstraps its curvature:
-an inverted U has curvature below 0 and its peak inside the measured distances. Each cell is
-redrawn on its own, though consecutive rows score the same items: the item noise of a change
+Prints, as Markdown, one row per run (scores, tokens trained, cost, provenance), then one table per
+claim of the paper (docs/findings.md has the claims): the methods' means over seeds, and for the
+pairs a claim compares the difference with a 95% seed-and-item bootstrap interval (seeds resampled,
+every cell redrawn as a binomial at its score and item count, as `clbench report --compare` does).
+Weight drift has no items: its interval resamples seeds alone. Methods are labelled as `clbench
+report` labels them (`sdpo (teacher="ema")` for the EMA variant). Claim 5 fits a quadratic to each
+run's points of column change over a stage against the column's MMD to that stage's training prompts
+(every column not trained by then: the held-out probes and the later stages' tasks) and bootstraps
+its curvature: an inverted U has curvature below 0 and its peak inside the measured distances. Each
+cell is redrawn on its own, though consecutive rows score the same items: the item noise of a change
 between rows is overstated, so "within noise" verdicts on changes are conservative.
 """
 
@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from clbench.report.comparison import comparison_groups
+from clbench.progress import clock_time
+from clbench.report.comparison import comparison_groups, format_gib
 from clbench.report.runs import collect_results
 from clbench.results import RunResult
 
@@ -183,6 +184,29 @@ def distance_table(groups: dict[str, list[RunResult]], rng: np.random.Generator)
         print(f"| {label} | {len(x)} | {x.min():.2f}-{x.max():.2f} | {shown} | {where} |")
 
 
+def runs_table(groups: dict[str, list[RunResult]]) -> None:
+    """One row per run: what it scored, what it trained and what it cost, and the code and
+    thread count it ran with (the provenance a reader checks before comparing two rows)."""
+    print("\n### The runs\n")
+    print("| method | seed | ACC | BWT | OOD delta | math by row | tokens trained per stage "
+          "| wall time | peak memory | threads | clbench |")
+    print("|---|---:|---:|---:|---:|---|---|---:|---:|---:|---|")
+    for label, runs in groups.items():
+        for run in sorted(runs, key=lambda r: r.seed):
+            metric = {k: ("n/a" if m.value is None else f"{m.value:+.3f}" if k != "acc"
+                          else f"{m.value:.3f}") for k, m in run.metrics.items()}
+            i = _column(run, "math")
+            math = "n/a" if i is None else " → ".join(
+                "n/a" if row[i] is None else f"{row[i]:.2f}" for row in run.score_matrix())
+            trained = " / ".join(f"{s.counters.get('trained_tokens', 0):,}" for s in run.stages)
+            print(f"| {label} | {run.seed} | {metric.get('acc', 'n/a')} | "
+                  f"{metric.get('bwt', 'n/a')} | {metric.get('ood_delta', 'n/a')} | {math} | "
+                  f"{trained} | {clock_time(run.compute.wall_time_s)} | "
+                  f"{format_gib(run.compute.peak_memory_bytes)} | "
+                  f"{run.model.resolved.get('cpu_threads', '—')} | "
+                  f"{(run.git_revision or '—')[:7]} |")
+
+
 def table(title: str, groups: dict[str, list[RunResult]],
           measures: dict[str, tuple[Callable[[RunResult, np.ndarray], float | None], bool]],
           pairs: Sequence[tuple[str, str]]) -> None:
@@ -217,6 +241,7 @@ def main() -> None:
     groups = comparison_groups(collect_results(args.results))
     for suite, labels in groups.items():
         print(f"## {suite}")
+        runs_table(labels)
         ema = next((k for k in labels if "ema" in k), None)
         frozen = next((k for k in labels if k.startswith("sdpo (") and "frozen" in k), "sdpo")
         table("1. SDPO forgets more than GRPO over the stream", labels,
