@@ -422,7 +422,7 @@ class Clock:
         return time.monotonic() - self.last
 
 
-#: The run's time since its last row of R was written, as of its last save point.
+#: The run's time (and peak memory) since its last row of R was written, as of its last save point.
 KEPT_TIME_FILE = "kept-time.json"
 
 
@@ -430,33 +430,47 @@ class KeptTime:
     """A run's wall time since its last row of R, kept at every save point (a step checkpoint,
     a trained stage, a column of the row in progress), so that a run resumed after a stop
     counts the work the stop did not throw away; the time after the last save point is lost
-    with that work. Written by the main process only."""
+    with that work. The peak memory so far is kept beside it, for the same reason. Written by
+    the main process only."""
 
     def __init__(self, run_dir: Path, rows: int, write: bool) -> None:
         self.path = run_dir / KEPT_TIME_FILE
         self.clock = Clock()
         self.write = write
-        self.carried = self._kept(rows)  # seconds of earlier sittings, for the row in progress
+        kept = self._kept(rows)
+        self.carried = self._number(kept, "seconds")  # earlier sittings, for the row in progress
+        #: The peak memory since the last row, of earlier sittings and this one's save points
+        #: (0 if none): a sitting stopped without writing a row never put its peak into
+        #: results.json.
+        self.carried_peak = int(self._number(kept, "peak_memory_bytes"))
 
-    def _kept(self, rows: int) -> float:
+    def _kept(self, rows: int) -> dict[str, Any]:
         try:
             kept = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # none kept, or unreadable: this sitting counts from now
-            return 0.0
+            return {}
         if not isinstance(kept, dict) or kept.get("rows") != rows:
-            return 0.0  # kept for a row written since, which counted it
-        seconds = kept.get("seconds")
-        return max(0.0, float(seconds)) if isinstance(seconds, (int, float)) else 0.0
+            return {}  # kept for a row written since, which counted it
+        return kept
 
-    def saved(self, rows: int) -> None:
-        """A save point: what is saved now survives a stop, and so does its time."""
+    @staticmethod
+    def _number(kept: dict[str, Any], key: str) -> float:
+        value = kept.get(key)
+        return max(0.0, float(value)) if isinstance(value, (int, float)) else 0.0
+
+    def saved(self, rows: int, peak_memory_bytes: int = 0) -> None:
+        """A save point: what is saved now survives a stop, and so do its time and the peak
+        memory so far."""
+        self.carried_peak = max(peak_memory_bytes, self.carried_peak)
         if self.write:
             atomic_write_json(self.path, {"rows": rows,
-                                          "seconds": self.carried + self.clock.peek()})
+                                          "seconds": self.carried + self.clock.peek(),
+                                          "peak_memory_bytes": self.carried_peak})
 
     def lap(self) -> float:
         """The seconds to add to the run's wall time as a row is written."""
         elapsed, self.carried = self.carried + self.clock.lap(), 0.0
+        self.carried_peak = 0  # the row's compute holds it now
         return elapsed
 
 
@@ -469,8 +483,6 @@ def account_compute(result: RunResult, elapsed: float, device: torch.device) -> 
     """Fill `result.compute`: tokens over all stages, wall time (`elapsed` added to what earlier
     sessions of the run took), device, peak memory (since :func:`reset_peak_memory`; the
     largest over the run's sessions)."""
-    import torch
-
     tokens: dict[str, int] = {}
     for st in result.stages:
         for k, v in st.counters.items():
@@ -478,9 +490,17 @@ def account_compute(result: RunResult, elapsed: float, device: torch.device) -> 
     result.compute.tokens = tokens
     result.compute.wall_time_s += elapsed
     result.compute.device = str(device)
-    peak = int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" \
+    result.compute.peak_memory_bytes = max(peak_memory_bytes(device),
+                                           result.compute.peak_memory_bytes or 0)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """The run's peak memory on `device` so far (since :func:`reset_peak_memory`): CUDA's
+    allocated peak on a GPU, the process's resident high-water mark on a CPU."""
+    import torch
+
+    return int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" \
         else resident_peak_bytes()
-    result.compute.peak_memory_bytes = max(peak, result.compute.peak_memory_bytes or 0)
 
 
 def reset_peak_memory(device: torch.device) -> bool:

@@ -338,9 +338,27 @@ def test_kept_time_carries_the_time_of_saved_work_to_the_next_sitting(
     now[0] += 3
     second.saved(1)
     assert json.loads((tmp_path / results.KEPT_TIME_FILE).read_text()) == {
-        "rows": 1, "seconds": 13.0}
+        "rows": 1, "seconds": 13.0, "peak_memory_bytes": 0}
     now[0] += 4
     assert second.lap() == 17.0 and second.lap() == 0.0  # row 1 written: counted once
+
+
+def test_kept_time_carries_the_peak_memory_of_a_stopped_sitting(tmp_path: Path) -> None:
+    """A sitting stopped between rows never wrote its peak into results.json: the save points
+    keep it, the next sitting carries the largest, and a written row has counted it."""
+    import clbench.results as results
+
+    first = results.KeptTime(tmp_path, rows=2, write=True)
+    first.saved(2, peak_memory_bytes=7 * 2**30)
+    first.saved(2, peak_memory_bytes=6 * 2**30)  # the high-water mark was reset since
+    second = results.KeptTime(tmp_path, rows=2, write=True)
+    assert second.carried_peak == 7 * 2**30
+    second.saved(2, peak_memory_bytes=2**30)  # a smaller sitting keeps the earlier peak
+    assert results.KeptTime(tmp_path, rows=2, write=True).carried_peak == 7 * 2**30
+    second.lap()  # row 2 written: its compute holds the peak now
+    second.saved(3, peak_memory_bytes=2**30)
+    assert results.KeptTime(tmp_path, rows=3, write=True).carried_peak == 2**30
+    assert results.KeptTime(tmp_path, rows=4, write=True).carried_peak == 0
     assert results.KeptTime(tmp_path, rows=2, write=True).carried == 0.0  # kept for row 1
     (tmp_path / results.KEPT_TIME_FILE).write_text("[1, 2")
     assert results.KeptTime(tmp_path, rows=1, write=True).carried == 0.0  # unreadable

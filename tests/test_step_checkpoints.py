@@ -115,8 +115,12 @@ def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
         ["stage1", "stage2-step2"]
     # the time of the kept steps is kept with them (rows 0 and 1 have counted theirs)
     kept = json.loads((stopped / "kept-time.json").read_text())
-    assert kept["rows"] == 2 and kept["seconds"] > 0
+    assert kept["rows"] == 2 and kept["seconds"] > 0 and kept["peak_memory_bytes"] > 0
     partial = read_results(stopped / "results.json").compute.wall_time_s
+    # the stopped sitting's peak is the run's, though no row recorded it (1 TiB: no sitting
+    # here reaches it, so the resumed run must have taken it from the save point)
+    kept["peak_memory_bytes"] = 2**40
+    (stopped / "kept-time.json").write_text(json.dumps(kept))
 
     res = run(stopped, "--resume")
     assert res.exit_code == 0, res.output
@@ -129,6 +133,7 @@ def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
     a, b = read_results(straight / "results.json"), read_results(stopped / "results.json")
     assert b.status == "complete"
     assert b.compute.wall_time_s >= partial + kept["seconds"]
+    assert b.compute.peak_memory_bytes == 2**40
     def measured(stages: Any) -> list[dict[str, float]]:  # everything but the time taken
         return [{k: v for k, v in s.summary.items() if k != "seconds"} for s in stages]
 

@@ -57,6 +57,7 @@ from clbench.results import (
     account_compute,
     git_revision,
     new_result,
+    peak_memory_bytes,
     reset_peak_memory,
     write_results,
 )
@@ -370,9 +371,12 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     result.method.config = method_config
     result.status, result.error = "partial", None  # a failed run that is resumed is partial again
     clock = KeptTime(run_dir, len(result.matrix), write=main)
+    if clock.carried_peak:  # a stopped sitting's peak, kept at its last save point
+        result.compute.peak_memory_bytes = max(clock.carried_peak,
+                                               result.compute.peak_memory_bytes or 0)
 
     def saved() -> None:
-        clock.saved(len(result.matrix))
+        clock.saved(len(result.matrix), peak_memory_bytes(device))
     done = max(0, len(result.matrix) - 1)
     diagnostics = run.suite.protocol.diagnostics
     drift = WeightDrift(run_dir, diagnostics.weight_drift) \
