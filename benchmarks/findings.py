@@ -6,18 +6,20 @@ Prints, as Markdown, one row per run (scores, tokens trained, cost, provenance),
 claim of the paper (docs/findings.md has the claims): the methods' means over seeds, and for the
 pairs a claim compares the difference with a 95% seed-and-item bootstrap interval (seeds resampled,
 every cell redrawn as a binomial at its score and item count, as `clbench report --compare` does).
-Weight drift has no items: its interval resamples seeds alone. Methods are labelled as `clbench
-report` labels them (`sdpo (teacher="ema")` for the EMA variant). Claim 5 fits a quadratic to each
-run's points of column change over a stage against the column's MMD to that stage's training prompts
-(every column not trained by then: the held-out probes and the later stages' tasks) and bootstraps
-its curvature: an inverted U has curvature below 0 and its peak inside the measured distances. Each
-cell is redrawn on its own, though consecutive rows score the same items: the item noise of a change
-between rows is overstated, so "within noise" verdicts on changes are conservative.
+Weight drift has no items: its difference gets an exact permutation test over seeds instead. Methods
+are labelled as `clbench report` labels them (`sdpo (teacher="ema")` for the EMA variant). Claim 5
+fits a quadratic to each run's points of column change over a stage against the column's MMD to that
+stage's training prompts (every column not trained by then: the held-out probes and the later
+stages' tasks) and bootstraps its curvature: an inverted U has curvature below 0 and its peak inside
+the measured distances. Each cell is redrawn on its own, though consecutive rows score the same
+items: the item noise of a change between rows is overstated, so "within noise" verdicts on changes
+are conservative.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -38,7 +40,7 @@ def _matrix(run: RunResult) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _draws(runs: Sequence[RunResult], value: Callable[[RunResult, np.ndarray], float | None],
-           rng: np.random.Generator, items: bool = True) -> np.ndarray:
+           rng: np.random.Generator) -> np.ndarray:
     """One method's mean of `value(run, redrawn matrix)` over resampled seeds, per draw."""
     out = np.full(SAMPLES, np.nan)
     mats = [_matrix(r) for r in runs]
@@ -46,9 +48,8 @@ def _draws(runs: Sequence[RunResult], value: Callable[[RunResult, np.ndarray], f
         values = []
         for i in rng.integers(0, len(runs), size=len(runs)):
             p, n = mats[i]
-            if items:
-                p = np.where(n > 0, rng.binomial(np.maximum(n, 1), np.nan_to_num(p))
-                             / np.maximum(n, 1), np.nan)
+            p = np.where(n > 0, rng.binomial(np.maximum(n, 1), np.nan_to_num(p))
+                         / np.maximum(n, 1), np.nan)
             v = value(runs[i], p)
             if v is not None and not np.isnan(v):
                 values.append(v)
@@ -70,19 +71,46 @@ def _difference(a: Sequence[RunResult], b: Sequence[RunResult],
                 rng: np.random.Generator) -> str:
     """`a - b`'s mean difference and its interval, with a verdict. With one seed on a side the
     interval holds the items' noise alone and says so; a measure without items (weight drift)
-    has no interval at all there: resampling one seed gives a point, not an interval."""
+    gets a permutation test over seeds instead of an interval."""
     ma, mb = _mean(a, fn), _mean(b, fn)
     if ma is None or mb is None:
         return "n/a"
+    if not items:
+        return _permutation(_values(a, fn), _values(b, fn))
     one_seed = len(a) < 2 or len(b) < 2
-    if one_seed and not items:
-        return f"{ma - mb:+.3g} (one seed: no interval)"
-    return _interval(ma - mb, _draws(a, fn, rng, items) - _draws(b, fn, rng, items), one_seed)
+    return _interval(ma - mb, _draws(a, fn, rng) - _draws(b, fn, rng), one_seed)
+
+
+def _values(runs: Sequence[RunResult], fn: Callable[[RunResult, np.ndarray], float | None]
+            ) -> list[float]:
+    return [v for r in runs if r.matrix and (v := fn(r, _matrix(r)[0])) is not None]
+
+
+def _permutation(a: list[float], b: list[float]) -> str:
+    """`mean(a) - mean(b)` with the exact two-sided permutation p over seeds, for a measure
+    without items (weight drift): a bootstrap of two or three seeds per side would give an
+    interval far narrower than the seeds can support. Every split of the pooled seeds counts;
+    the smallest p is 2 / C(n_a + n_b, n_a) (0.1 at three seeds each), so at so few seeds no
+    drift difference can be beyond noise, whatever its size."""
+    diff = statistics.mean(a) - statistics.mean(b)
+    if len(a) < 2 or len(b) < 2:
+        return f"{diff:+.3g} (one seed: no test)"
+    pooled, total = a + b, sum(a) + sum(b)
+    splits = list(itertools.combinations(range(len(pooled)), len(a)))
+    extreme = 0
+    for chosen in splits:
+        part = sum(pooled[i] for i in chosen)
+        split = part / len(a) - (total - part) / len(b)
+        extreme += abs(split) >= abs(diff) * (1 - 1e-9)
+    p = extreme / len(splits)
+    verdict = "beyond noise" if p < 0.05 else "within noise"
+    return f"{diff:+.3g} (permutation p = {p:.2g}, smallest possible " \
+        f"{2 / len(splits):.2g}) {verdict}"
 
 
 def _mean(runs: Sequence[RunResult], fn: Callable[[RunResult, np.ndarray], float | None]
           ) -> float | None:
-    values = [v for r in runs if r.matrix and (v := fn(r, _matrix(r)[0])) is not None]
+    values = _values(runs, fn)
     return float(np.mean(values)) if values else None
 
 

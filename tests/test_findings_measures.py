@@ -90,3 +90,17 @@ def test_an_interval_that_excludes_zero_is_beyond_noise() -> None:
         .endswith("beyond noise")
     shown = findings._interval(0.0, np.array([-0.1, 0.0, 0.1] * 100), True)
     assert "within noise" in shown and shown.endswith("(items only: one seed)")
+
+
+def test_a_measure_without_items_gets_an_exact_permutation_test_over_seeds() -> None:
+    # Three seeds each, fully separated: 2 of the C(6, 3) = 20 splits are as extreme.
+    shown = findings._permutation([3.0, 4.0, 5.0], [0.0, 1.0, 2.0])
+    assert shown == "+3 (permutation p = 0.1, smallest possible 0.1) within noise"
+    # Overlapping seeds: a split whose side sums to s differs by (2s - 15) / 3, odd over 3, so
+    # every split is at least as far as the observed 1/3.
+    assert findings._permutation([0.0, 3.0, 5.0], [1.0, 2.0, 4.0]) == \
+        "+0.333 (permutation p = 1, smallest possible 0.1) within noise"
+    # Four seeds each: 2 / C(8, 4) = 2 / 70 < 0.05, so full separation is beyond noise.
+    assert findings._permutation([4.0, 5, 6, 7], [0.0, 1, 2, 3]).endswith(
+        "(permutation p = 0.029, smallest possible 0.029) beyond noise")
+    assert findings._permutation([1.0], [0.0, 2.0]) == "+0 (one seed: no test)"

@@ -341,6 +341,12 @@ def test_kept_time_carries_the_time_of_saved_work_to_the_next_sitting(
         "rows": 1, "seconds": 13.0, "peak_memory_bytes": 0}
     now[0] += 4
     assert second.lap() == 17.0 and second.lap() == 0.0  # row 1 written: counted once
+    assert results.KeptTime(tmp_path, rows=2, write=True).carried == 0.0  # kept for row 1
+    (tmp_path / results.KEPT_TIME_FILE).write_text("[1, 2")
+    assert results.KeptTime(tmp_path, rows=1, write=True).carried == 0.0  # unreadable
+    (tmp_path / results.KEPT_TIME_FILE).unlink()
+    results.KeptTime(tmp_path, rows=1, write=False).saved(1)  # not the main process
+    assert not (tmp_path / results.KEPT_TIME_FILE).exists()
 
 
 def test_kept_time_carries_the_peak_memory_of_a_stopped_sitting(tmp_path: Path) -> None:
@@ -350,7 +356,7 @@ def test_kept_time_carries_the_peak_memory_of_a_stopped_sitting(tmp_path: Path) 
 
     first = results.KeptTime(tmp_path, rows=2, write=True)
     first.saved(2, peak_memory_bytes=7 * 2**30)
-    first.saved(2, peak_memory_bytes=6 * 2**30)  # the high-water mark was reset since
+    first.saved(2, peak_memory_bytes=6 * 2**30)  # a smaller reading keeps the larger
     second = results.KeptTime(tmp_path, rows=2, write=True)
     assert second.carried_peak == 7 * 2**30
     second.saved(2, peak_memory_bytes=2**30)  # a smaller sitting keeps the earlier peak
@@ -359,9 +365,3 @@ def test_kept_time_carries_the_peak_memory_of_a_stopped_sitting(tmp_path: Path) 
     second.saved(3, peak_memory_bytes=2**30)
     assert results.KeptTime(tmp_path, rows=3, write=True).carried_peak == 2**30
     assert results.KeptTime(tmp_path, rows=4, write=True).carried_peak == 0
-    assert results.KeptTime(tmp_path, rows=2, write=True).carried == 0.0  # kept for row 1
-    (tmp_path / results.KEPT_TIME_FILE).write_text("[1, 2")
-    assert results.KeptTime(tmp_path, rows=1, write=True).carried == 0.0  # unreadable
-    (tmp_path / results.KEPT_TIME_FILE).unlink()
-    results.KeptTime(tmp_path, rows=1, write=False).saved(1)  # not the main process
-    assert not (tmp_path / results.KEPT_TIME_FILE).exists()
