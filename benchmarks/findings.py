@@ -63,7 +63,9 @@ def _mean_sd(values: list[float]) -> str:
         return "n/a"
     if len(values) == 1:
         return f"{values[0]:.3g} (n=1)"
-    return f"{statistics.mean(values):.3g} ± {statistics.stdev(values):.2g} (n={len(values)})"
+    mean = statistics.mean(values)
+    mean = 0.0 if abs(mean) < 1e-12 else mean  # a sum of item shares that cancels, not -3e-18
+    return f"{mean:.3g} ± {statistics.stdev(values):.2g} (n={len(values)})"
 
 
 def _difference(a: Sequence[RunResult], b: Sequence[RunResult],
@@ -117,6 +119,7 @@ def _mean(runs: Sequence[RunResult], fn: Callable[[RunResult, np.ndarray], float
 def _interval(point: float, draws: np.ndarray, one_seed: bool) -> str:
     """`point` with the 95% interval of `draws` and whether it excludes 0."""
     draws = draws[~np.isnan(draws)]
+    point = 0.0 if abs(point) < 1e-12 else point
     lo, hi = np.percentile(draws, [2.5, 97.5])
     verdict = "beyond noise" if lo > 0 or hi < 0 else "within noise"
     return f"{point:+.3g} [{lo:+.3g}, {hi:+.3g}] {verdict}" + \
