@@ -63,9 +63,13 @@ def _mean_sd(values: list[float]) -> str:
         return "n/a"
     if len(values) == 1:
         return f"{values[0]:.3g} (n=1)"
-    mean = statistics.mean(values)
-    mean = 0.0 if abs(mean) < 1e-12 else mean  # a sum of item shares that cancels, not -3e-18
-    return f"{mean:.3g} ± {statistics.stdev(values):.2g} (n={len(values)})"
+    return f"{_zeroed(statistics.mean(values)):.3g} ± {statistics.stdev(values):.2g} " \
+        f"(n={len(values)})"
+
+
+def _zeroed(x: float) -> float:
+    """`x`, with the rounding residue of shares that cancel (-3e-18) shown as the 0 it is."""
+    return 0.0 if abs(x) < 1e-12 else x
 
 
 def _difference(a: Sequence[RunResult], b: Sequence[RunResult],
@@ -74,13 +78,14 @@ def _difference(a: Sequence[RunResult], b: Sequence[RunResult],
     """`a - b`'s mean difference and its interval, with a verdict. With one seed on a side the
     interval holds the items' noise alone and says so; a measure without items (weight drift)
     gets a permutation test over seeds instead of an interval."""
-    ma, mb = _mean(a, fn), _mean(b, fn)
-    if ma is None or mb is None:
+    va, vb = _values(a, fn), _values(b, fn)
+    if not va or not vb:
         return "n/a"
     if not items:
-        return _permutation(_values(a, fn), _values(b, fn))
+        return _permutation(va, vb)
     one_seed = len(a) < 2 or len(b) < 2
-    return _interval(ma - mb, _draws(a, fn, rng) - _draws(b, fn, rng), one_seed)
+    return _interval(statistics.mean(va) - statistics.mean(vb),
+                     _draws(a, fn, rng) - _draws(b, fn, rng), one_seed)
 
 
 def _values(runs: Sequence[RunResult], fn: Callable[[RunResult, np.ndarray], float | None]
@@ -119,7 +124,7 @@ def _mean(runs: Sequence[RunResult], fn: Callable[[RunResult, np.ndarray], float
 def _interval(point: float, draws: np.ndarray, one_seed: bool) -> str:
     """`point` with the 95% interval of `draws` and whether it excludes 0."""
     draws = draws[~np.isnan(draws)]
-    point = 0.0 if abs(point) < 1e-12 else point
+    point = _zeroed(point)
     lo, hi = np.percentile(draws, [2.5, 97.5])
     verdict = "beyond noise" if lo > 0 or hi < 0 else "within noise"
     return f"{point:+.3g} [{lo:+.3g}, {hi:+.3g}] {verdict}" + \
