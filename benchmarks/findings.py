@@ -251,12 +251,7 @@ def table(title: str, groups: dict[str, list[RunResult]],
     print("| method | " + " | ".join(measures) + " |")
     print("|---|" + "---:|" * len(measures))
     for label, runs in groups.items():
-        empty = np.zeros((0, 0))
-        cells = []
-        for fn, _ in measures.values():
-            values = [v for r in runs if (v := fn(r, _matrix(r)[0] if r.matrix else empty))
-                      is not None]
-            cells.append(_mean_sd(values))
+        cells = [_mean_sd(_values(runs, fn)) for fn, _ in measures.values()]
         print(f"| {label} | " + " | ".join(cells) + " |")
     present = [(a, b) for a, b in pairs if a in groups and b in groups]
     if not present:
