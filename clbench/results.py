@@ -25,6 +25,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -42,13 +43,13 @@ from pydantic import (
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
 from clbench.spec.reading import describe_validation_error
-from clbench.spec.schema import NAME_PATTERN, RunSpec, SuiteSpec
+from clbench.spec.schema import NAME_PATTERN, RunSpec, SuiteSpec, entry_name
 
 if TYPE_CHECKING:
     import torch
 
-RESULTS_SCHEMA_VERSION = "1.3"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined);
-# 1.3: `method.git_revision`
+RESULTS_SCHEMA_VERSION = "1.4"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined);
+# 1.3: `method.git_revision`; 1.4: `addons`
 RESULTS_FILENAME = "results.json"
 
 RunStatus = Literal["complete", "partial", "failed", "collapsed"]
@@ -164,6 +165,17 @@ class MethodInfo(Record):
                                      "if it is in one.")
 
 
+class AddOnInfo(Record):
+    """A continual-learning add-on as run: its plugin name, where it came from, its config."""
+
+    name: str
+    config: dict[str, Any] = Field(default_factory=dict, description="Resolved config, "
+                                   "defaults included.")
+    distribution: str | None = None
+    version: str | None = None
+    git_revision: str | None = None
+
+
 class ModelInfo(Record):
     """The model as asked for and as actually loaded (path, dtype, parameter count, ...)."""
 
@@ -190,6 +202,8 @@ class RunResult(Record):
     suite: dict[str, Any] = Field(description="The suite as run (`SuiteSpec` dump).")
     suite_hash: str
     method: MethodInfo
+    addons: list[AddOnInfo] = Field(default_factory=list, description="The add-ons on the "
+                                    "method, in the order they composed.")
     model: ModelInfo
     seed: int
     joint: bool = Field(default=False, description="A joint reference run: one stage trained "
@@ -235,6 +249,10 @@ class RunResult(Record):
         """The suite as a validated spec (fails for a suite of a newer suite schema)."""
         return SuiteSpec.model_validate(self.suite)
 
+    def entry_name(self) -> str:
+        """The method with its add-ons (`sdpo+ewc`), as tables and the leaderboard name it."""
+        return entry_name(self.method.name, [a.name for a in self.addons])
+
     def score_matrix(self) -> list[list[float | None]]:
         """R as plain numbers (None for a cell not evaluated)."""
         return [[None if c is None else c.score for c in row] for row in self.matrix]
@@ -265,21 +283,25 @@ class CodeOrigin(Protocol):
     source_revision: str | None
 
 
-def new_result(run: RunSpec, method_config: dict[str, Any] | None = None,
-               origin: CodeOrigin | None = None,
-               source_versions: dict[str, str] | None = None) -> RunResult:
-    """An empty `partial` result for `run`: provenance filled in (the method's from `origin`),
-    no rows yet."""
+def new_result(run: RunSpec, origin: CodeOrigin | None = None,
+               source_versions: dict[str, str] | None = None,
+               addon_origins: Sequence[CodeOrigin | None] = ()) -> RunResult:
+    """An empty `partial` result for `run`: provenance filled in (the method's from `origin`,
+    each add-on's from `addon_origins`), no rows yet."""
+    origins = list(addon_origins) or [None] * len(run.addons)
     return RunResult(
         status="partial",
         suite=run.suite.model_dump(mode="json"),
         suite_hash=run.suite.content_hash(),
-        method=MethodInfo(name=run.method.name,
-                          config=method_config if method_config is not None
-                          else dict(run.method.params),
+        method=MethodInfo(name=run.method.name, config=dict(run.method.params),
                           distribution=origin.distribution if origin else None,
                           version=origin.version if origin else None,
                           git_revision=origin.source_revision if origin else None),
+        addons=[AddOnInfo(name=a.name, config=dict(a.params),
+                          distribution=o.distribution if o else None,
+                          version=o.version if o else None,
+                          git_revision=o.source_revision if o else None)
+                for a, o in zip(run.addons, origins, strict=True)],
         model=ModelInfo(spec=run.model.model_dump(mode="json")),
         seed=run.seed,
         joint=run.joint,

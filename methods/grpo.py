@@ -5,8 +5,8 @@ normalisation optional). Every completion token gets the clipped surrogate
 -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) with rho = p_new / p_old (dual clip optional),
 plus, when beta > 0, beta times the k3 estimate of KL to the model as it was at the stage's start.
 The loss is a token mean over the step's completion tokens (over every rank's, with several
-processes). Loss math: :mod:`clbench.train.losses`; plumbing:
-:mod:`clbench.train.onpolicy`.
+processes). Loss math: the API's loss helpers; plumbing: its
+:class:`~clbench.api.Objective`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,17 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from clbench.train.losses import clipped_surrogate, group_advantages, kl_to_reference
-from clbench.train.onpolicy import (
+from clbench.api import (
+    Method,
     Objective,
-    OnPolicyMethod,
     OnPolicySettings,
-    OnPolicyTrainer,
     RolloutBatch,
+    StageContext,
+    StepBatch,
+    TrainingLoop,
+    clipped_surrogate,
+    group_advantages,
+    kl_to_reference,
 )
 
 
@@ -49,15 +53,16 @@ class GRPOConfig(OnPolicySettings):
 class GRPOObjective(Objective):
     """Clipped surrogate on group-relative advantages, optional KL to the stage's start model."""
 
-    def __init__(self, config: GRPOConfig) -> None:
-        self.config = config
+    config: GRPOConfig
+    resumable = True
+
+    def __init__(self, ctx: StageContext, config: GRPOConfig, **kwargs: Any) -> None:
+        super().__init__(ctx, config, **kwargs)
         self.reference: torch.nn.Module | None = None
 
-    resumable: ClassVar[bool] = True
-
-    def on_stage_start(self, trainer: OnPolicyTrainer) -> None:
+    def on_stage_start(self, loop: TrainingLoop) -> None:
         if self.config.beta > 0:
-            self.reference = copy.deepcopy(trainer.model).eval()
+            self.reference = copy.deepcopy(loop.model).eval()
             self.reference.requires_grad_(False)
 
     def state_dict(self) -> dict[str, Any]:
@@ -71,25 +76,25 @@ class GRPOObjective(Objective):
         if self.reference is not None:  # on_stage_start copied the resumed student: replace it
             self.reference.load_state_dict(state["reference"])
 
-    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
+    def prepare(self, loop: TrainingLoop, batch: RolloutBatch) -> dict[str, float]:
         advantages = group_advantages(batch.rewards, batch.group_size,
                                       scale_std=self.config.scale_rewards)
         batch.extra["advantages"] = advantages
         if self.reference is not None:
             parts = [batch.score(self.reference, rows, grad=False,
-                                 chunk_size=trainer.chunk_size).logprobs
-                     for rows in trainer.micro_batches(batch)]
+                                 chunk_size=self.chunk_size).logprobs
+                     for rows in self.micro_batches(batch)]
             batch.extra["ref_logprobs"] = torch.cat(parts)
         with_signal = (advantages != 0).float().unsqueeze(1) * batch.completion_mask
         total = max(int(batch.completion_mask.sum()), 1)
         return {"supervised_token_fraction": float(with_signal.sum()) / total,
                 "advantage_abs_mean": float(advantages.abs().mean())}
 
-    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+    def loss(self, loop: TrainingLoop, batch: StepBatch, rows: Any
              ) -> tuple[torch.Tensor, dict[str, float]]:
+        assert isinstance(batch, RolloutBatch)
         cfg = self.config
-        current = batch.score(trainer.train_model, rows, grad=True,
-                              chunk_size=trainer.chunk_size)
+        current = batch.score(loop.train_model, rows, grad=True, chunk_size=self.chunk_size)
         mask = current.mask
         old = batch.old_or_detached(rows, current.logprobs)
         adv = batch.extra["advantages"][rows.start:rows.stop]
@@ -109,11 +114,12 @@ class GRPOObjective(Objective):
         # a token mean over the step's completion tokens, every rank's (`supervised_tokens`)
         return batch.token_mean(per_token, mask), stats
 
-    def supervised_tokens(self, batch: RolloutBatch) -> int:
+    def supervised_tokens(self, batch: StepBatch) -> int:
+        assert isinstance(batch, RolloutBatch)
         return int(batch.completion_mask.sum())
 
 
-class GRPO(OnPolicyMethod):
+class GRPO(Method):
     """Group-relative policy optimisation with a clipped surrogate (the paper's baseline)."""
 
     name: ClassVar[str] = "grpo"
@@ -123,5 +129,5 @@ class GRPO(OnPolicyMethod):
     Config: ClassVar[type[GRPOConfig]] = GRPOConfig
     config: GRPOConfig
 
-    def make_objective(self) -> GRPOObjective:
-        return GRPOObjective(self.config)
+    def hooks(self, ctx: StageContext) -> GRPOObjective:
+        return GRPOObjective(ctx, self.config)

@@ -18,12 +18,17 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from clbench.tasks.base import Example, continuation
-from clbench.train.api import Method, StageContext, StageReport
-from clbench.train.logprobs import completion_logprobs
-from clbench.train.loop import StepBatch, StepHooks, TrainingLoop
-from clbench.train.optim import OptimizerSettings, step_examples
-from clbench.train.rollout import encode_chat
+from clbench.api import (
+    Example,
+    Method,
+    OptimizerSettings,
+    StageContext,
+    StepBatch,
+    StepHooks,
+    TrainingLoop,
+    completion_logprobs,
+    encode_reference,
+)
 
 
 class SFTConfig(OptimizerSettings):
@@ -57,43 +62,25 @@ class SFT(Method):
     Config: ClassVar[type[SFTConfig]] = SFTConfig
     config: SFTConfig
 
-    def encode(self, ctx: StageContext, example: Example) -> tuple[list[int], list[int]]:
-        """(prompt ids, response ids) of one training item."""
-        tokenizer = ctx.tokenizer
-        prompt = encode_chat(tokenizer, example.messages)
-        # the reference after the start of the response its prompt already holds (if any)
-        response = list(tokenizer(continuation(example), add_special_tokens=False)["input_ids"])
-        if self.config.append_eos and tokenizer.eos_token_id is not None:
-            response.append(int(tokenizer.eos_token_id))
-        return prompt, response
-
-    def hooks(self, ctx: StageContext) -> StepHooks:
-        """What SFT plugs into the shared training loop (a subclass that adds a penalty or mixes
-        in other items extends these)."""
-        return SFTHooks(self, ctx)
-
-    def train_stage(self, ctx: StageContext) -> StageReport:
-        return TrainingLoop(ctx, self.config, self.hooks(ctx)).run()
+    def hooks(self, ctx: StageContext) -> SFTHooks:
+        return SFTHooks(self.config, ctx)
 
 
 class SFTHooks(StepHooks):
     """SFT's part of the training loop: a step's items with their references, the NLL loss."""
 
-    def __init__(self, method: SFT, ctx: StageContext) -> None:
-        self.method = method
+    def __init__(self, config: SFTConfig, ctx: StageContext) -> None:
+        self.config = config
         self.ctx = ctx
 
-    def step_items(self, loop: TrainingLoop, step: int) -> list[Example]:
-        """The items step `step` trains on (this process's share): the on-policy methods'."""
-        ctx, dist = self.ctx, loop.dist
-        return step_examples(ctx.train_examples, ctx.budget.prompts_per_step, step, ctx.seed,
-                             rank=dist.process_index, world=dist.num_processes,
-                             stage=ctx.stage_name)
+    def encode(self, example: Example) -> tuple[list[int], list[int]]:
+        """(prompt ids, response ids) of one training item."""
+        return encode_reference(self.ctx.tokenizer, example, self.config.append_eos)
 
-    def build_batch(self, loop: TrainingLoop, step: int) -> tuple[StepBatch, dict[str, float]]:
-        pairs = [self.method.encode(self.ctx, e) for e in self.step_items(loop, step)]
-        loop.counters.add("prompts", len(pairs))
-        return ReferenceBatch(pairs=pairs), {}
+    def build_batch(self, loop: TrainingLoop, step: int, examples: list[Example]
+                    ) -> tuple[StepBatch, dict[str, float]]:
+        loop.counters.add("prompts", len(examples))
+        return ReferenceBatch(pairs=[self.encode(e) for e in examples]), {}
 
     def supervised_tokens(self, batch: StepBatch) -> int:
         assert isinstance(batch, ReferenceBatch)
@@ -101,12 +88,16 @@ class SFTHooks(StepHooks):
 
     def micro_batches(self, batch: StepBatch) -> list[Any]:
         assert isinstance(batch, ReferenceBatch)
-        size = self.method.config.micro_batch_size or len(batch.pairs)
+        size = self.config.micro_batch_size or len(batch.pairs)
         return [batch.pairs[s:s + size] for s in range(0, len(batch.pairs), size)]
 
+    def part_sequences(self, batch: StepBatch, part: Any
+                       ) -> tuple[list[list[int]], list[list[int]]]:
+        return [p for p, _ in part], [r for _, r in part]
+
     def loss(self, loop: TrainingLoop, batch: StepBatch, part: Any) -> tuple[Any, dict[str, float]]:
-        scored = completion_logprobs(loop.train_model, [p for p, _ in part],
-                                     [r for _, r in part], grad=True)
+        prompts, responses = self.part_sequences(batch, part)
+        scored = completion_logprobs(loop.train_model, prompts, responses, grad=True)
         return -batch.token_mean(scored.logprobs, scored.mask), {}
 
     def step_stats(self, batch: StepBatch) -> dict[str, float]:

@@ -230,3 +230,24 @@ def run_cli(args: list[str]) -> Any:
 
     with registry.extra_plugins(**PLUGINS), _pause_in_nth_save():
         return CliRunner().invoke(cli, args, catch_exceptions=False)
+
+
+def run_spec(suite: Any, method: str, *, overrides: Any = (), **options: Any) -> Any:
+    """:func:`clbench.plugins.runspec.build_run_spec` of the options a `clbench run` command
+    line gives (`overrides` its `--set`s; paths as strings)."""
+    from clbench.plugins.runspec import build_run_spec
+    from clbench.spec.options import RunOptions
+
+    fields = {k: str(v) if isinstance(v, os.PathLike) else v for k, v in options.items()}
+    return build_run_spec(RunOptions(suite=str(suite), method=method, sets=list(overrides),
+                                     **fields))
+
+
+def result_of(run: Any, method_config: dict[str, Any] | None = None) -> Any:
+    """An empty result of `run`, as if its method's config in force were `method_config`."""
+    from clbench.results import new_result
+
+    if method_config is not None:
+        run = run.model_copy(update={"method": run.method.model_copy(
+            update={"params": method_config})})
+    return new_result(run)

@@ -16,11 +16,12 @@ pytestmark = pytest.mark.e2e  # a suite run end to end
 
 def _key(suite: Path, seed: int = 0, model: str | None = "org/some-model",
          sets: tuple[str, ...] = (), resolved: dict | None = None) -> str:
-    from clbench.plugins.runspec import build_run_spec
+    from fakes import run_spec
+
     from clbench.run.rows import plan_columns
 
     with registry.extra_plugins(**PLUGINS):
-        run = build_run_spec(str(suite), "test.echo-sft", seed=seed, out_dir="unused",
+        run = run_spec(str(suite), "test.echo-sft", seed=seed, out_dir="unused",
                              overrides=list(sets), model=model)
         plans, _ = plan_columns(run)
     return baserow.base_row_key(run, plans, resolved or {"dtype": "float32"},

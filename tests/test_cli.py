@@ -77,7 +77,7 @@ def test_list_suites(write_suite) -> None:
 def test_list_rejects_unknown_kind() -> None:
     result = invoke("list", "widgets")
     assert result.exit_code == 2
-    assert "'widgets' is not one of 'methods', 'tasks', 'suites'" in result.output
+    assert "'widgets' is not one of 'methods', 'addons', 'tasks', 'suites'" in result.output
 
 
 def test_validate_ok_and_errors(write_suite, fake_plugins) -> None:

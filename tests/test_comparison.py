@@ -6,21 +6,21 @@ import io
 from pathlib import Path
 
 import pytest
+from fakes import result_of, run_spec
 from test_pairwise import _run as complete_run
 from test_rundir import _old_hash, _run
 
 from clbench.plugins import registry
-from clbench.plugins.runspec import build_run_spec
 from clbench.report.comparison import comparison as compare_groups
 from clbench.report.comparison import comparison_groups, cost_comparison, cost_tables
-from clbench.results import MetricValue, new_result
+from clbench.results import MetricValue
 
 
 def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_path: Path) -> None:
-    run, config = _run(tmp_path)
+    run = _run(tmp_path)
     results = []
     for seed, acc in [(0, 0.5), (1, 0.7)]:
-        result = new_result(run.model_copy(update={"seed": seed}), config)
+        result = result_of(run.model_copy(update={"seed": seed}))
         result.status, result.metrics = "complete", {"acc": MetricValue(value=acc)}
         results.append(result)
     older = results[0]
@@ -38,12 +38,12 @@ def test_runs_of_one_method_under_other_settings_are_compared_apart(tmp_path: Pa
     from before `feedback_with_demo` existed groups with runs that set it as it behaved; the
     same run found twice counts once, and two different runs of one seed are refused."""
     from clbench.errors import UserError
-    run = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
+    run = run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
     default = registry.validate_method_params("sdpo", None).model_dump(mode="json")
     older = {k: v for k, v in default.items() if k != "feedback_with_demo"}  # before the field
 
     def result(seed: int, config: dict, acc: float):
-        r = new_result(run.model_copy(update={"seed": seed}), config)
+        r = result_of(run.model_copy(update={"seed": seed}), config)
         r.status, r.metrics = "complete", {"acc": MetricValue(value=acc)}
         return r
 
@@ -66,8 +66,8 @@ def test_runs_of_one_method_under_other_settings_are_compared_apart(tmp_path: Pa
 
 def _complete(seed: int, seconds: float | None, device: str = "cpu", peak: int | None = None,
               processes: int = 1):
-    run = build_run_spec("smoke", "sft", seed=seed, out_dir="unused")
-    r = new_result(run, registry.validate_method_params("sft", None).model_dump(mode="json"))
+    run = run_spec("smoke", "sft", seed=seed, out_dir="unused")
+    r = result_of(run, registry.validate_method_params("sft", None).model_dump(mode="json"))
     r.status, r.metrics = "complete", {"acc": MetricValue(value=0.5)}
     if seconds is not None:
         r.compute.wall_time_s, r.compute.device, r.compute.peak_memory_bytes = \

@@ -23,8 +23,9 @@ from clbench.errors import UserError
 from clbench.models import ModelLoadError, cpu_supports_bf16, load_model
 from clbench.results import read_results
 from clbench.train.distributed import Distributed, eval_share, resolve_precision
-from clbench.train.onpolicy import OnPolicyTrainer
-from clbench.train.optim import OptimizerSettings, rank_share, step_examples
+from clbench.train.loop import TrainingLoop
+from clbench.train.onpolicy import OnPolicySettings
+from clbench.train.optim import rank_share, step_examples
 
 # ---------------------------------------------------------------------------------------------
 # Sharding
@@ -200,20 +201,20 @@ def _step_grads(tmp_path: Path, supervise: Callable[[Any], bool],
     model, tok = tiny(seed=0)
     ctx = toy_context(model, tok, tmp_path, steps=1, prompts_per_step=4, samples_per_prompt=2,
                       dist=dist)
-    trainer = OnPolicyTrainer(ctx, RowNLL(supervise),
-                              OptimizerSettings(lr=1e-3, max_grad_norm=None),
-                              micro_batch_size=2, generator=FixedGenerator(tok))
+    settings = OnPolicySettings(lr=1e-3, max_grad_norm=None, micro_batch_size=2)
+    objective = RowNLL(ctx, supervise, settings, generator=FixedGenerator(tok))
+    loop = TrainingLoop(ctx, settings, objective)
     grads: list[Any] = []
-    trainer.optimizer.optimizer.register_step_pre_hook(lambda *_: grads.extend(
+    loop.optimizer.optimizer.register_step_pre_hook(lambda *_: grads.extend(
         None if p.grad is None else p.grad.detach().clone() for p in model.parameters()))
     forwards = []
     ctx.train_model.register_forward_pre_hook(lambda *_: forwards.append(1))
     before = [p.detach().clone() for p in model.parameters()]
     with one_thread():
-        batch, _ = trainer.collect(0)
-        record = trainer.update(batch)
+        batch, _ = loop.new_batch(0)
+        record = loop.update(batch)
     return {"grads": grads, "loss": record["loss"], "forwards": len(forwards),
-            "tokens": trainer.objective.supervised_tokens(batch), "total": batch.total_tokens,
+            "tokens": objective.supervised_tokens(batch), "total": batch.total_tokens,
             "unchanged": all(torch.equal(p, b) for p, b in zip(model.parameters(), before))}
 
 

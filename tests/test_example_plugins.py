@@ -1,118 +1,124 @@
 """The example plugins under examples/plugins/, installed by `make setup` like any third party's:
-EWC-regularised SFT (a penalty hook of the shared training loop) and replay (earlier stages'
-items mixed into each step). Each must do what it claims and run a suite end to end."""
+a method (`rft`, rejection-sampling fine-tuning), an add-on (`l2sp`) and a task source
+(`units.conversion`). Each does what it claims, imports only `clbench.api` (the import-linter
+contract in `make lint`), and runs a suite end to end, recorded with its distribution."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from click.testing import CliRunner
-from toy import LowercaseTask, tiny, toy_context
+from toy import one_thread, tiny, toy_context
 
 from clbench.cli import cli
 from clbench.plugins import registry
+from clbench.spec.schema import AddOnSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
 
 
-EXAMPLES = {"ewc-sft": "clbench-ewc", "replay-sft": "clbench-replay"}
-
-
-
-
-def _import(method: str):
+def _load(group: str, name: str) -> type:
     try:
-        return registry.load_method_class(method)
+        return registry._load_class(group, name)
     except registry.PluginError as exc:
         raise AssertionError(f"{exc} (`make setup` installs examples/plugins/)") from None
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("method", sorted(EXAMPLES))
-def test_an_example_plugin_runs_the_smoke_suite_and_is_recorded(method: str,
-                                                                tmp_path: Path) -> None:
-    _import(method)
+def test_the_examples_run_the_smoke_suite_and_are_recorded(tmp_path: Path) -> None:
+    suite = tmp_path / "units.yaml"
+    smoke = (Path(__file__).parents[1] / "suites" / "smoke.yaml").read_text()
+    arithmetic = 'source: math.arithmetic\n      params: {digits: 1, operands: 2, operators: "+"}'
+    assert arithmetic in smoke
+    suite.write_text(smoke.replace(arithmetic, "source: units.conversion"))
     out = tmp_path / "run"
-    result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", method,
-                                      "--out", str(out), "--no-base-cache"])
+    result = CliRunner().invoke(cli, ["run", "--suite", str(suite), "--method", "rft",
+                                      "--addon", "l2sp", "--out", str(out), "--no-base-cache"])
     assert result.exit_code == 0, result.output
     recorded = json.loads((out / "results.json").read_text())
     assert recorded["status"] == "complete"
-    assert recorded["method"]["distribution"] == EXAMPLES[method]
-    assert recorded["method"]["version"] == "0.1.0"
-    # the example lives in clbench's checkout: its code's commit is clbench's
+    assert (recorded["method"]["distribution"], recorded["method"]["version"]) == \
+        ("clbench-rft", "0.1.0")
+    assert [(a["name"], a["distribution"]) for a in recorded["addons"]] == \
+        [("l2sp", "clbench-l2sp")]
+    assert recorded["columns"][0]["source"] == "units.conversion"
+    # the examples live in clbench's checkout: their code's commit is clbench's
     assert recorded["method"]["git_revision"] == recorded["git_revision"]
 
 
-def test_ewc_keeps_the_important_weights_near_those_after_the_earlier_stage(tmp_path: Path
-                                                                         ) -> None:
-    """What EWC claims: the Fisher-weighted distance sum F (theta - theta*)^2 from the weights
-    after stage 1 stays far smaller than under SFT. (Weights with no Fisher move as under SFT:
-    Adam moves every weight with a gradient by about lr per step.)"""
-    ewc = _import("ewc-sft")
-    moved, penalties = {}, {}
-    for strength in (0.0, 100.0):
-        model, tok = tiny()
-        method = ewc({"lr": 1e-2, "ewc_lambda": strength, "fisher_items": 8})
-        method.train_stage(toy_context(model, tok, tmp_path, steps=6))
-        assert len(method.anchor) == len(list(model.parameters()))
-        anchor = {n: p.detach().clone() for n, p in model.named_parameters()}
-        fisher = {n: f.clone() for n, f in method.fisher.items()}
-        report = method.train_stage(toy_context(model, tok, tmp_path, steps=6, seed=1,
-                                                task=LowercaseTask({"k": 4})))
-        moved[strength] = sum(float((fisher[n] * (p.detach() - anchor[n]).pow(2)).sum())
-                              for n, p in model.named_parameters())
-        penalties[strength] = [r["ewc_penalty"] for r in report.steps]
-    assert penalties[0.0] == [0.0] * 6
-    assert penalties[100.0][0] == 0.0 < penalties[100.0][-1]  # at the anchor, then away
-    # the last penalty is lambda/2 times the distance after the step before the last
-    assert moved[100.0] < 0.2 * moved[0.0], moved
+def test_rft_learns_from_its_accepted_rollouts_and_skips_a_step_with_none(
+        tmp_path: Path) -> None:
+    rft = _load(registry.METHODS_GROUP, "rft")
+    model, tok = tiny()
+    # a reward of at least 0.75 (6 of the 8 letters lowercase) is accepted
+    with one_thread():
+        report = rft({"lr": 1e-2, "threshold": 0.75}).train_stage(
+            toy_context(model, tok, tmp_path, steps=30))
+    steps = report.steps
+    first = sum(r["reward_mean"] for r in steps[:5]) / 5
+    last = sum(r["reward_mean"] for r in steps[-5:]) / 5
+    assert last - first > 0.3, (first, last)
+    model, tok = tiny()
+    before = [p.detach().clone() for p in model.parameters()]
+    with one_thread():
+        report = rft({"threshold": 1.0}).train_stage(  # no rollout of a new model is perfect
+            toy_context(model, tok, tmp_path, steps=1))
+    assert report.steps[0]["kept_fraction"] == 0.0 and report.counters["trained_tokens"] == 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
-def test_ewc_without_strength_is_sft_and_its_state_outlives_a_checkpoint(tmp_path: Path) -> None:
+def test_l2sp_holds_the_weights_near_the_stage_start(tmp_path: Path) -> None:
     from clbench_methods.sft import SFT
 
-    ewc = _import("ewc-sft")
-    losses = []
-    for method in (SFT({"lr": 1e-2}), ewc({"lr": 1e-2, "ewc_lambda": 0.0})):
+    distances = {}
+    for strength in (0.0, 50.0):
         model, tok = tiny()
-        report = method.train_stage(toy_context(model, tok, tmp_path, steps=4))
-        losses.append([r["loss"] for r in report.steps])
-    assert losses[0] == losses[1]
-    restored = ewc()
-    restored.load_state_dict(method.state_dict())
-    assert restored.fisher.keys() == method.fisher.keys()
-    assert all(torch.equal(restored.anchor[n], method.anchor[n]) for n in method.anchor)
+        start = [p.detach().clone() for p in model.parameters()]
+        ctx = toy_context(model, tok, tmp_path, steps=8)
+        ctx.addons = registry.build_addons([AddOnSpec(name="l2sp",
+                                                      params={"strength": strength})])
+        with one_thread():
+            report = SFT({"lr": 1e-2}).train_stage(ctx)
+        distances[strength] = sum(float((p.detach() - s).pow(2).sum())
+                                  for p, s in zip(model.parameters(), start))
+        penalties = [r.get("l2sp_penalty", 0.0) for r in report.steps]
+        # the penalty is strength/2 times the squared distance before each step: 0 at first
+        assert penalties[0] == 0.0 and (penalties[-1] > 0) == (strength > 0)
+    assert distances[50.0] < 0.5 * distances[0.0], distances
 
 
-def test_replay_mixes_earlier_stages_items_into_each_step(tmp_path: Path) -> None:
-    replay = _import("replay-sft")
-    model, tok = tiny()
-    method = replay({"lr": 1e-2, "replay_fraction": 0.25, "buffer_per_stage": 6})
-    trained: list[str] = []
-    encode = method.encode
-    method.encode = lambda ctx, example: (trained.append(example.id), encode(ctx, example))[1]
-    first = toy_context(model, tok, tmp_path, steps=2)
-    report = method.train_stage(first)
-    assert [r["replayed_fraction"] for r in report.steps] == [0.0, 0.0]
-    buffered = {e.id for e in method.buffer}
-    assert len(buffered) == 6 and buffered <= {e.id for e in first.train_examples}
+def test_unit_conversion_grades_values_formats_and_keeps_splits_apart() -> None:
+    units = _load(registry.TASKS_GROUP, "units.conversion")
+    task = units({"kinds": ["length"]})
+    train, evaluation = task.examples("train", 0, 40), task.examples("eval", 0, 10)
+    assert not {e.messages[-1]["content"] for e in train} & \
+        {e.messages[-1]["content"] for e in evaluation}
+    assert task.examples("eval", 0, 10) == evaluation  # the same items from the same seed
+    example = evaluation[0]
+    assert all(task.grade(e, e.reference).correct for e in train + evaluation)
+    value = example.answer
+    assert task.grade(example, f"So it is {value}.\nAnswer: {value}").reward == 1.0
+    wrong = task.grade(example, f"Answer: {value}1")
+    assert not wrong.correct and wrong.feedback == f"The answer {value}1 is wrong."
+    unread = task.grade(example, f"It is {value}.")
+    assert not unread.correct and unread.format_error
+    with pytest.raises(ValueError):
+        units({"kinds": ["volume"]})
+    # "Convert 2 m to cm." is the worked example: never drawn
+    assert all("Convert 2 m to cm." != e.messages[-1]["content"].split(" End")[0]
+               for e in train + evaluation)
 
-    trained.clear()
-    second = toy_context(model, tok, tmp_path, steps=3, seed=1, task=LowercaseTask({"k": 4}))
-    second.train_examples = [dataclasses.replace(e, id=f"second-{e.id}")
-                             for e in second.train_examples]
-    report = method.train_stage(second)
-    assert [r["replayed_fraction"] for r in report.steps] == [0.25] * 3
-    own = {e.id for e in second.train_examples}
-    assert len(trained) == 12 and sum(i in buffered for i in trained) == 3  # 1 of 4 per step
-    assert all(i in own or i in buffered for i in trained)
-    assert len(method.buffer) == 12
 
-    restored = replay()
-    restored.load_state_dict(method.state_dict())
-    assert restored.buffer == method.buffer
+def test_unit_conversion_answers_by_the_units_factors() -> None:
+    units = _load(registry.TASKS_GROUP, "units.conversion")
+    import re
+
+    for example in units({"kinds": ["time"]}).examples("train", 1, 20):
+        question = example.messages[-1]["content"]
+        quantity, source, target = re.match(r"Convert (\S+) (\S+) to (\S+)\.", question).groups()
+        seconds = {"s": 1, "min": 60, "h": 3600}
+        expected = float(quantity) * seconds[source] / seconds[target]
+        assert float(example.answer) == pytest.approx(expected, rel=1e-9), question

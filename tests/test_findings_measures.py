@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import result_of, run_spec
 
-from clbench.plugins.runspec import build_run_spec
-from clbench.results import Cell, StageRecord, new_result
+from clbench.results import Cell, StageRecord
 from clbench.run.scores import metric_values
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "findings.py"
@@ -30,8 +30,8 @@ DISTANCE = {1: {"math": 0.0, "science": 0.2, "math_ood": 0.4},
 
 
 def _run(tmp_path: Path):
-    run = build_run_spec("smoke", "sft", seed=3, out_dir=tmp_path / "unused")
-    result = new_result(run, {})
+    run = run_spec("smoke", "sft", seed=3, out_dir=tmp_path / "unused")
+    result = result_of(run, {})
     result.matrix = [[Cell(score=s, n=10) for s in row] for row in ROWS]
     result.row_labels = ["base", "after math", "after science"]
     result.stages = [

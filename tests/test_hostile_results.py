@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fakes import result_of, run_spec
 
 from clbench.cli import cli
-from clbench.plugins.runspec import build_run_spec
-from clbench.results import Cell, new_result, read_results, write_results
+from clbench.results import Cell, read_results, write_results
 from clbench.run.scores import metric_values
 
 MARKUP = "grpo[/bold][link=https://evil.example]click[/link]"
@@ -22,8 +22,8 @@ INJECTION = "<script>alert(1)</script>\n# injected | cell"
 
 def _result(tmp_path: Path, method: str = "sft", seed: int = 0):
     """A complete smoke-suite result with metrics computed from its matrix, as a run has."""
-    run = build_run_spec("smoke", "sft", seed=seed, out_dir=tmp_path / "unused")
-    result = new_result(run, {"lr": 1e-5})
+    run = run_spec("smoke", "sft", seed=seed, out_dir=tmp_path / "unused")
+    result = result_of(run, {"lr": 1e-5})
     result.method.name = method
     result.matrix = [[Cell(score=0.1, n=10) for _ in result.columns],
                      [Cell(score=0.6, n=10) for _ in result.columns],

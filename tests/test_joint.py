@@ -13,6 +13,7 @@ from fakes import SUITE, run_cli, write_suite
 from clbench.report.intransigence import add_intransigence
 from clbench.results import read_results
 from clbench.run.joint import PART_KEY, MixedTasks, mixed_train_set
+from clbench.spec.options import RunSettings
 from clbench.spec.schema import Budget, StageSpec, TaskSpec, joint_stage
 from clbench.tasks.math.generated import Arithmetic
 from clbench.tasks.science.generated import Facts
@@ -60,8 +61,8 @@ def test_rollouts_of_mixed_items_keep_their_own_stage_token_cap(tmp_path: Path) 
     stage's, so the joint model gets no more tokens per item than the continual runs."""
     from toy import FixedGenerator, LowercaseTask, RowNLL, one_thread, tiny, toy_context
 
-    from clbench.train.onpolicy import OnPolicyTrainer
-    from clbench.train.optim import OptimizerSettings
+    from clbench.train.loop import TrainingLoop
+    from clbench.train.onpolicy import OnPolicySettings
 
     short, long = LowercaseTask({"k": 2}), LowercaseTask({"k": 8})
     mixed = mixed_train_set([short.examples("train", 1, 8), long.examples("train", 2, 8)], [1, 2])
@@ -73,18 +74,19 @@ def test_rollouts_of_mixed_items_keep_their_own_stage_token_cap(tmp_path: Path) 
     ctx = toy_context(model, tok, tmp_path, steps=1, prompts_per_step=8, samples_per_prompt=2,
                       max_new_tokens=8)
     ctx.task, ctx.train_examples = task, mixed
-    trainer = OnPolicyTrainer(ctx, RowNLL(lambda e: True), OptimizerSettings(lr=1e-3))
+    settings = OnPolicySettings(lr=1e-3)
+    loop = TrainingLoop(ctx, settings, RowNLL(ctx, lambda e: True))
     with one_thread():
-        batch, _ = trainer.collect(0)
+        batch, _ = loop.new_batch(0)
     lengths: dict[int, set[int]] = {0: set(), 1: set()}
     for i, rollout in enumerate(batch.rollouts):
         lengths[batch.example_of(i).metadata[PART_KEY]].add(len(rollout.completion_ids))
     assert (max(lengths[0]), max(lengths[1])) == (2, 8)  # each reaches its own cap, no more
     # a generation backend that ignores the caps is caught, not trained on
-    ignoring = OnPolicyTrainer(ctx, RowNLL(lambda e: True), OptimizerSettings(lr=1e-3),
-                               generator=FixedGenerator(tok))
+    ignoring = TrainingLoop(ctx, settings, RowNLL(ctx, lambda e: True,
+                                                  generator=FixedGenerator(tok)))
     with one_thread(), pytest.raises(RuntimeError, match="for a prompt capped at 2"):
-        ignoring.collect(0)
+        ignoring.new_batch(0)
 
 
 def test_a_joint_run_is_the_reference_of_report_intransigence(tmp_path: Path) -> None:
@@ -198,7 +200,7 @@ def test_a_sweep_of_joint_references_gives_the_grid_its_intransigence(tmp_path: 
     from clbench.sweep.grid import sweep
 
     # as a child process (--jobs 2): `--joint` reaches it
-    data = sweep("smoke", ["sft"], [0], root, device="cpu", jobs=2, joint=True,
+    data = sweep("smoke", ["sft"], [0], root, RunSettings(device="cpu", joint=True), jobs=2,
                  console=Console(record=True, width=250))
     joint = read_results(root / "sft-joint" / "s0" / "results.json")
     assert joint.joint and joint.status == "complete"

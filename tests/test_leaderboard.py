@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fakes import result_of, run_spec
 
 from clbench.cli import cli
 from clbench.leaderboard.site import build
-from clbench.plugins.runspec import build_run_spec
-from clbench.results import Cell, new_result, write_results
+from clbench.results import Cell, write_results
 from clbench.run.scores import metric_values
 
 HOSTILE = "<script>alert(1)</script>"
@@ -24,10 +24,10 @@ def _result(tmp_path: Path, method: str, seed: int, acc: float, *, version: str 
             name: str | None = None, status: str = "complete"):
     """A complete smoke-suite result whose matrix's last row is `acc` in every column, after a
     first stage that scored its column 10% higher: ACC `acc`, BWT -acc/10, forgetting acc/10."""
-    run = build_run_spec("smoke", method, seed=seed, out_dir=tmp_path / "unused")
+    run = run_spec("smoke", method, seed=seed, out_dir=tmp_path / "unused")
     if version is not None:
         run = run.model_copy(update={"suite": run.suite.model_copy(update={"version": version})})
-    result = new_result(run, {"lr": 1e-5})
+    result = result_of(run, {"lr": 1e-5})
     if name is not None:
         result.method.name = name
     columns = len(result.columns)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from toy import tiny, toy_context
 
-from clbench.train.onpolicy import OnPolicyTrainer
+from clbench.train.loop import TrainingLoop
 from clbench_methods.grpo import GRPO, GRPOConfig, GRPOObjective
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # tiny models: one torch thread
@@ -37,8 +37,8 @@ def test_grpo_with_the_loss_sign_flipped_does_not_learn(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     original = GRPOObjective.loss
 
-    def flipped(self, batch, rows, trainer):
-        loss, stats = original(self, batch, rows, trainer)
+    def flipped(self, loop, batch, rows):
+        loss, stats = original(self, loop, batch, rows)
         return -loss, stats
 
     monkeypatch.setattr(GRPOObjective, "loss", flipped)
@@ -58,8 +58,8 @@ def test_first_step_loss_is_the_token_mean_of_minus_advantage(tmp_path: Path) ->
     model, tok = tiny()
     ctx = toy_context(model, tok, tmp_path, steps=1)
     cfg = GRPOConfig()
-    trainer = OnPolicyTrainer(ctx, GRPOObjective(cfg), cfg)
-    batch, _ = trainer.collect(0)
+    loop = TrainingLoop(ctx, cfg, GRPOObjective(ctx, cfg))
+    batch, _ = loop.new_batch(0)
     rewards = torch.tensor([g.reward for g in batch.grades]).view(4, 4)
     advantages = (rewards - rewards.mean(1, keepdim=True)).flatten()
     lengths = torch.tensor([len(r.completion_ids) for r in batch.rollouts], dtype=torch.float32)
@@ -68,7 +68,7 @@ def test_first_step_loss_is_the_token_mean_of_minus_advantage(tmp_path: Path) ->
     # advantages sum to 0 in each group: only uneven lengths make the token mean non-zero, so a
     # zero, sign-flipped or per-rollout mean loss would differ from it
     assert len(set(lengths.tolist())) > 1 and abs(expected) > 1e-3
-    record = trainer.update(batch)
+    record = loop.update(batch)
     assert record["loss"] == pytest.approx(expected, abs=1e-6)
     assert record["clip_fraction"] == 0.0
     assert record["lr"] == pytest.approx(1e-6)

@@ -125,8 +125,8 @@ def test_each_variant_raises_the_toy_reward_over_the_untrained_control(warm_mode
 def test_flipped_loss_sign_does_not_learn(warm_model, tmp_path, monkeypatch):
     original = SDPOObjective.loss
 
-    def flipped(self, batch, rows, trainer):
-        loss, stats = original(self, batch, rows, trainer)
+    def flipped(self, loop, batch, rows):
+        loss, stats = original(self, loop, batch, rows)
         return -loss, stats
 
     monkeypatch.setattr(SDPOObjective, "loss", flipped)

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fakes import run_spec
 
 from clbench.cli import cli
-from clbench.plugins.runspec import build_run_spec, validate_suite_plugins
+from clbench.plugins import registry
+from clbench.plugins.runspec import validate_suite_plugins
 from clbench.spec.reading import SpecError
 from clbench.spec.suites import load_suite
 
@@ -31,18 +33,23 @@ methods:
 """
 
 
+def _defaults(method: str, **settings: object) -> dict:
+    """`method`'s whole config at its defaults, but for `settings`: what a run records."""
+    return registry.validate_method_params(method, settings).model_dump(mode="json")
+
+
 def test_a_block_applies_to_its_method_only(tmp_path: Path) -> None:
     path = _suite(tmp_path, BLOCK)
-    assert build_run_spec(path, "sdpo").method.params == {"lr": 3e-6, "feedback": "format"}
-    assert build_run_spec(path, "grpo").method.params == {"lr": 2e-6}
-    assert build_run_spec(path, "sft").method.params == {}  # no block: the method's defaults
+    assert run_spec(path, "sdpo").method.params == _defaults("sdpo", lr=3e-6, feedback="format")
+    assert run_spec(path, "grpo").method.params == _defaults("grpo", lr=2e-6)
+    assert run_spec(path, "sft").method.params == _defaults("sft")  # no block: the defaults
     # sdpo-cot is another method: sdpo's block does not reach it
-    assert build_run_spec(path, "sdpo-cot").method.params == {}
+    assert run_spec(path, "sdpo-cot").method.params == _defaults("sdpo-cot")
 
 
 def test_set_method_wins_over_the_block_and_keeps_its_other_fields(tmp_path: Path) -> None:
-    run = build_run_spec(_suite(tmp_path, BLOCK), "sdpo", overrides=["method.lr=1e-4"])
-    assert run.method.params == {"lr": 1e-4, "feedback": "format"}
+    run = run_spec(_suite(tmp_path, BLOCK), "sdpo", overrides=["method.lr=1e-4"])
+    assert run.method.params == _defaults("sdpo", lr=1e-4, feedback="format")
 
 
 @pytest.mark.parametrize("block, message", [
@@ -62,7 +69,7 @@ def test_a_bad_block_is_refused_with_its_path(tmp_path: Path, block: str, messag
     assert f"): {rest}" in str(info.value)
     # a run of any method is refused alike (also one the block does not name)
     with pytest.raises(SpecError, match=message.split(":")[0]):
-        build_run_spec(path, "grpo")
+        run_spec(path, "grpo")
     result = CliRunner().invoke(cli, ["validate", str(path)])
     assert result.exit_code == 2 and f"{field} (line " in result.output
     assert rest in result.output.replace("\n", " ")
@@ -119,9 +126,9 @@ def test_a_suite_scored_on_validation_items_plans_them_and_checks_there_are_enou
         tmp_path: Path) -> None:
     from clbench.run.rows import plan_columns
 
-    run = build_run_spec(SMOKE, "sft", overrides=["protocol.split=validation"])
+    run = run_spec(SMOKE, "sft", overrides=["protocol.split=validation"])
     plans, _ = plan_columns(run)
-    eval_run = build_run_spec(SMOKE, "sft")
+    eval_run = run_spec(SMOKE, "sft")
     eval_plans, _ = plan_columns(eval_run)
     for plan, eval_plan in zip(plans, eval_plans):
         assert not {e.id for e in plan.examples} & {e.id for e in eval_plan.examples}
@@ -130,5 +137,5 @@ def test_a_suite_scored_on_validation_items_plans_them_and_checks_there_are_enou
     path = _suite(tmp_path, "")
     with pytest.raises(SpecError, match=r"stages\[1\]\.task\.eval_size \(validation: 150 "
                                         r"training items after train_size\)"):
-        build_run_spec(path, "sft", overrides=["protocol.split=validation",
+        run_spec(path, "sft", overrides=["protocol.split=validation",
                                                "stages[1].task.eval_size=150"])

@@ -136,12 +136,12 @@ def test_sft_trains_on_what_follows_the_start_of_the_response_the_prompt_holds()
     from clbench.plugins.registry import build_task
     from clbench.spec.schema import TaskSpec
     from clbench.tasks.base import THINK_PREFIX
-    from clbench_methods.sft import SFT
+    from clbench_methods.sft import SFTConfig, SFTHooks
 
     tok = build_char_tokenizer()
     example = build_task(TaskSpec(source="math.arithmetic", params={"think": True})).examples(
         "train", 0, 1)[0]
-    prompt, response = SFT().encode(SimpleNamespace(tokenizer=tok), example)
+    prompt, response = SFTHooks(SFTConfig(), SimpleNamespace(tokenizer=tok)).encode(example)
     assert tok.decode(prompt).endswith(THINK_PREFIX)
     assert tok.decode(response[:-1]) == example.reference[len(THINK_PREFIX):]
     assert response[-1] == tok.eos_token_id

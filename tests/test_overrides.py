@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
+from fakes import run_spec
 
-from clbench.plugins.runspec import build_run_spec
 from clbench.spec.reading import SpecError, apply_override, parse_override, parse_path
 from clbench.spec.suites import load_suite, split_overrides
 
@@ -86,8 +86,14 @@ def test_suite_overrides_are_validated_like_the_file(write_suite) -> None:
 
 def test_split_overrides_routes_by_prefix() -> None:
     assert split_overrides(["method.lr=1e-5", "model.dtype=float32", "stages[0].budget.steps=4",
-                            "methods_note=x"]) == (
-        ["lr=1e-5"], ["dtype=float32"], ["stages[0].budget.steps=4", "methods_note=x"])
+                            "methods_note=x", "addon.ewc.strength=5", "addon.ewc.decay=0.5",
+                            "addon.replay.fraction=0.5"]) == (
+        ["lr=1e-5"], ["dtype=float32"],
+        {"ewc": ["strength=5", "decay=0.5"], "replay": ["fraction=0.5"]},
+        ["stages[0].budget.steps=4", "methods_note=x"])
+    with pytest.raises(SpecError, match=re.escape("override 'addon.ewc=1': name the add-on and "
+                                                  "the field, e.g. addon.replay.fraction=0.5")):
+        split_overrides(["addon.ewc=1"])
     with pytest.raises(SpecError, match=re.escape("override 'method.lr': expected KEY=VALUE, "
                                                   "e.g. method.lr=1e-5")):
         split_overrides(["method.lr"])  # named as typed, with its prefix
@@ -99,11 +105,11 @@ def test_split_overrides_routes_by_prefix() -> None:
 
 def test_build_run_spec_routes_and_validates(write_suite, fake_plugins) -> None:
     path = write_suite()
-    run = build_run_spec(path, "fake-method", seed=3, out_dir=None,
+    run = run_spec(path, "fake-method", seed=3, out_dir=None,
                          overrides=["method.lr=2e-5", "model.dtype=float32",
                                     "stages[0].budget.steps=4"], model="tiny-llama")
     assert run.method.name == "fake-method"
-    assert run.method.params == {"lr": 2e-5}
+    assert run.method.params == {"lr": 2e-5, "beta": 0.0}  # its config in force, whole
     assert run.model.name == "tiny-llama" and run.model.dtype == "float32"
     assert run.suite.model.name == "smollm2-135m"  # the suite's default is not rewritten
     assert run.suite.stages[0].budget.steps == 4
@@ -125,7 +131,7 @@ def test_build_run_spec_routes_and_validates(write_suite, fake_plugins) -> None:
 def test_build_run_spec_errors_carry_the_path(write_suite, fake_plugins, override: str,
                                               message: str) -> None:
     with pytest.raises(SpecError) as info:
-        build_run_spec(write_suite(), "fake-method", overrides=[override])
+        run_spec(write_suite(), "fake-method", overrides=[override])
     assert message in str(info.value)
 
 
@@ -134,14 +140,14 @@ def test_build_run_spec_unknown_method(write_suite, fake_plugins) -> None:
 
     with pytest.raises(PluginError, match="unknown method 'fake-metod'. Did you mean "
                                           "'fake-method'?"):
-        build_run_spec(write_suite(), "fake-metod")
+        run_spec(write_suite(), "fake-metod")
 
 
 def test_build_run_spec_checks_the_device(write_suite, fake_plugins) -> None:
-    assert build_run_spec(write_suite(), "fake-method", device="cuda:1").device == "cuda:1"
+    assert run_spec(write_suite(), "fake-method", device="cuda:1").device == "cuda:1"
     with pytest.raises(SpecError, match=r"run: device: 'gpu' is not allowed here: expected "
                                          r"auto, cpu, mps, cuda or cuda:N"):
-        build_run_spec(write_suite(), "fake-method", device="gpu")
+        run_spec(write_suite(), "fake-method", device="gpu")
 
 
 def test_build_run_spec_refuses_a_model_name_that_names_no_model(write_suite,
@@ -149,8 +155,8 @@ def test_build_run_spec_refuses_a_model_name_that_names_no_model(write_suite,
     """Found with the rest of the spec (so `run --plan` and a sweep see it), not when the run,
     its folder claimed, loads the model; a hub id passes (it is loaded, not checked, offline)."""
     with pytest.raises(SpecError, match=r"^--model: unknown tiny model 'tiny-foo'; known: "):
-        build_run_spec(write_suite(), "fake-method", model="tiny-foo")
+        run_spec(write_suite(), "fake-method", model="tiny-foo")
     with pytest.raises(SpecError, match=r"^model.name: model 'nohub' is neither 'smollm2-135m'"):
-        build_run_spec(write_suite(), "fake-method", overrides=["model.name=nohub"])
-    assert build_run_spec(write_suite(), "fake-method",
+        run_spec(write_suite(), "fake-method", overrides=["model.name=nohub"])
+    assert run_spec(write_suite(), "fake-method",
                           model="Qwen/Qwen3-4B").model.name == "Qwen/Qwen3-4B"

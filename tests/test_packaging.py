@@ -37,7 +37,7 @@ def test_a_wheel_ships_the_named_suites_the_task_data_and_the_leaderboard_templa
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for folder in ("clbench", "methods", "suites", "leaderboard"):
+    for folder in ("clbench", "methods", "addons", "suites", "leaderboard"):
         shutil.copytree(ROOT / folder, src / folder,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -64,3 +64,20 @@ def test_named_suites_are_found_where_clbench_suites_is_installed() -> None:
     shipped = Path(clbench_suites.__file__).resolve().parent
     assert shipped in [d.resolve() for d in suite_dirs()]
     assert resolve_suite("starter") == shipped / "starter.yaml"
+
+
+def test_the_plugins_contract_covers_every_plugin_and_every_module_but_the_api() -> None:
+    """The import-linter contract that keeps plugins on `clbench.api` names modules explicitly:
+    a module added to clbench, or a plugin package added to the repository, must join it."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (plugins,) = [c for c in contracts["contracts"] if c["type"] == "forbidden"]
+    modules = {f"clbench.{p.stem}" for p in (ROOT / "clbench").iterdir()
+               if (p.suffix == ".py" or (p / "__init__.py").is_file())
+               and p.stem not in ("__init__", "api")}
+    assert set(plugins["forbidden_modules"]) == modules
+    examples = {init.parent.name
+                for init in (ROOT / "examples" / "plugins").glob("*/*/__init__.py")}
+    assert set(plugins["source_modules"]) == {"clbench_methods", "clbench_addons", *examples}
+    assert plugins.get("allow_indirect_imports") is True  # what they import, not what it imports

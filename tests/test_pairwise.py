@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fakes import result_of, run_spec
 
 from clbench.cli import cli
-from clbench.plugins.runspec import build_run_spec
 from clbench.report.pairwise import pairwise_differences
-from clbench.results import Cell, new_result, write_results
+from clbench.results import Cell, write_results
 from clbench.run.scores import metric_values
 
 
 def _run(tmp_path: Path, method: str, seed: int, final: float, n: int = 100):
     """A complete smoke run (2 stages, 1 probe) whose last row scores `final` everywhere,
     after a base row of 0.1 and a first stage at `final`."""
-    run = build_run_spec("smoke", "sft", seed=seed, out_dir=tmp_path / "unused")
-    result = new_result(run, {})
+    run = run_spec("smoke", "sft", seed=seed, out_dir=tmp_path / "unused")
+    result = result_of(run, {})
     result.method.name = method
     result.matrix = [[Cell(score=0.1, n=n) for _ in result.columns],
                      [Cell(score=final, n=n) for _ in result.columns],

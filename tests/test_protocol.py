@@ -20,6 +20,7 @@ from fakes import (
 
 from clbench.plugins import registry
 from clbench.results import read_results
+from clbench.spec.options import RunSettings
 
 # ---------------------------------------------------------------------------------------------
 # Tests
@@ -174,12 +175,13 @@ def test_sweep_skips_complete_runs_and_report_aggregates(tmp_path: Path) -> None
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     root = tmp_path / "grid"
     with registry.extra_plugins(**PLUGINS):
-        sweep(str(suite), ["test.echo-sft"], [0, 1], root, device="cpu")
+        sweep(str(suite), ["test.echo-sft"], [0, 1], root, RunSettings(device="cpu"))
         first = {s: (root / "test.echo-sft" / f"s{s}" / "results.json").stat().st_mtime_ns
                  for s in (0, 1)}
         from rich.console import Console
         console = Console(record=True, width=200)
-        data = sweep(str(suite), ["test.echo-sft"], [0, 1], root, device="cpu", console=console)
+        data = sweep(str(suite), ["test.echo-sft"], [0, 1], root, RunSettings(device="cpu"),
+                     console=console)
     text = console.export_text()
     assert text.count("complete") >= 2 and "skip test.echo-sft seed 0" in text
     assert {s: (root / "test.echo-sft" / f"s{s}" / "results.json").stat().st_mtime_ns

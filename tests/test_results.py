@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fakes import result_of
 
 from clbench import atomic
 from clbench.results import (
@@ -36,7 +37,7 @@ def run_spec(write_suite) -> RunSpec:
 
 
 def filled(run_spec: RunSpec) -> RunResult:
-    result = new_result(run_spec, method_config={"lr": 2e-5, "beta": 0.0})
+    result = result_of(run_spec, {"lr": 2e-5, "beta": 0.0})
     result.row_labels = ["base", "after add1"]
     result.matrix = [[Cell(score=0.25, n=16, ci_low=0.06, ci_high=0.5), Cell(score=0.0, n=16),
                       None],
@@ -51,7 +52,7 @@ def filled(run_spec: RunSpec) -> RunResult:
 
 def test_new_result_records_provenance(run_spec: RunSpec) -> None:
     result = new_result(run_spec)
-    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.3"
+    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.4"
     assert result.status == "partial"
     assert result.suite_hash == run_spec.suite.content_hash()
     assert result.suite_spec() == run_spec.suite
@@ -76,7 +77,7 @@ def test_round_trip(tmp_path: Path, run_spec: RunSpec) -> None:
     assert back.created == result.created and back.updated >= back.created
     assert back.model_dump() == result.model_dump() | {"stages": back.model_dump()["stages"]}
     raw = json.loads(path.read_text())
-    assert raw["schema_version"] == "1.3" and raw["matrix"][0][2] is None
+    assert raw["schema_version"] == "1.4" and raw["matrix"][0][2] is None
 
 
 def test_shape_is_checked(run_spec: RunSpec) -> None:

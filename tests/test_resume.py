@@ -291,19 +291,18 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from fakes import PLUGINS, write_suite
+    from fakes import PLUGINS, run_spec, write_suite
     from rich.console import Console
 
     from clbench.eval.column import read_records, records_path, write_records
     from clbench.models import load_model
     from clbench.plugins import registry
-    from clbench.plugins.runspec import build_run_spec
     from clbench.progress import run_progress
     from clbench.run import baserow, rows
     from clbench.run.context import RunContext
 
     with registry.extra_plugins(**PLUGINS):
-        run = build_run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
+        run = run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
                              out_dir=str(tmp_path / "r"), overrides=[])
         plans, _ = rows.plan_columns(run)
     model, tokenizer = load_model(run.model, device="cpu")
@@ -352,18 +351,17 @@ def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
     must not fail on it, and the saved NaN must come back as NaN."""
     import math
 
-    from fakes import PLUGINS, write_suite
+    from fakes import PLUGINS, run_spec, write_suite
     from rich.console import Console
 
     from clbench.eval.column import CellResult, ItemRecord
     from clbench.plugins import registry
-    from clbench.plugins.runspec import build_run_spec
     from clbench.progress import run_progress
     from clbench.run import rows
     from clbench.run.context import RunContext
 
     with registry.extra_plugins(**PLUGINS):
-        run = build_run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
+        run = run_spec(str(write_suite(tmp_path)), "test.echo-sft", seed=0,
                              out_dir=str(tmp_path / "r"), overrides=[])
         plans, _ = rows.plan_columns(run)
 

@@ -11,17 +11,15 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from fakes import result_of, run_spec
 
 from clbench.plugins import registry
-from clbench.plugins.runspec import build_run_spec
-from clbench.results import RESULTS_FILENAME, Cell, new_result, read_results, write_results
+from clbench.results import RESULTS_FILENAME, Cell, read_results, write_results
 from clbench.run.rundir import IDENTITY_FILE, RunDirError, check_run_dir, run_identity
 
 
 def _run(tmp_path: Path, *overrides: str):
-    run = build_run_spec("smoke", "sft", seed=0, out_dir=tmp_path / "run", overrides=overrides)
-    config = registry.validate_method_params("sft", run.method.params).model_dump(mode="json")
-    return run, config
+    return run_spec("smoke", "sft", seed=0, out_dir=tmp_path / "run", overrides=overrides)
 
 
 def _old_hash(suite: dict) -> str:
@@ -47,8 +45,8 @@ def _write(run_dir: Path, identity: dict) -> None:
 
 
 def test_a_field_added_at_its_default_does_not_make_another_run(tmp_path: Path) -> None:
-    run, config = _run(tmp_path)
-    now = run_identity(run, config)
+    run = _run(tmp_path)
+    now = run_identity(run)
     old = _older_identity(now)
     assert old["suite_hash"] != now["suite_hash"]  # the hash alone would refuse it
     _write(tmp_path / "run", old)
@@ -56,10 +54,10 @@ def test_a_field_added_at_its_default_does_not_make_another_run(tmp_path: Path) 
 
 
 def test_a_field_added_with_another_value_is_a_difference_named_by_path(tmp_path: Path) -> None:
-    run, config = _run(tmp_path, "model.mixed_precision=false")
-    now = run_identity(run, config)
-    default_run, default_config = _run(tmp_path)
-    _write(tmp_path / "run", _older_identity(run_identity(default_run, default_config)))
+    run = _run(tmp_path, "model.mixed_precision=false")
+    now = run_identity(run)
+    default_run = _run(tmp_path)
+    _write(tmp_path / "run", _older_identity(run_identity(default_run)))
     with pytest.raises(RunDirError) as err:
         check_run_dir(tmp_path / "run", now, resume=True)
     message = str(err.value)
@@ -71,31 +69,29 @@ def test_a_field_that_changed_the_method_reads_as_it_was_in_older_runs(tmp_path:
     """sdpo's `feedback_with_demo` came with a default that changes what the
     teacher sees: a run recorded before it did the opposite, so resuming it under the new
     default is refused by name, and resuming with the old value is the same run."""
-    run = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
+    run = run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
     config = registry.validate_method_params("sdpo", run.method.params).model_dump(mode="json")
     assert config["feedback_with_demo"] is False
-    old = copy.deepcopy(run_identity(run, config))
+    old = copy.deepcopy(run_identity(run))
     del old["method_config"]["feedback_with_demo"]
     _write(tmp_path / "run", old)
     with pytest.raises(RunDirError) as refused:
-        check_run_dir(tmp_path / "run", run_identity(run, config), resume=True)
+        check_run_dir(tmp_path / "run", run_identity(run), resume=True)
     message = str(refused.value)
     assert "method.feedback_with_demo: true there, false now" in message
     assert "to continue it, add --set method.feedback_with_demo=true (a setting this run " \
         "predates and did not record" in message
-    as_before = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run", overrides=[
+    as_before = run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run", overrides=[
         "method.feedback_with_demo=true"])
-    before_config = registry.validate_method_params(
-        "sdpo", as_before.method.params).model_dump(mode="json")
-    assert check_run_dir(tmp_path / "run", run_identity(as_before, before_config),
+    assert check_run_dir(tmp_path / "run", run_identity(as_before),
                          resume=True) is None
 
 
 @pytest.mark.parametrize("config", ["abc", [1, 2], 5, None])
 def test_a_damaged_stored_method_config_is_a_difference_not_a_crash(tmp_path: Path,
                                                                     config: Any) -> None:
-    run = build_run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
-    now = run_identity(run, registry.validate_method_params("sdpo", None).model_dump(mode="json"))
+    run = run_spec("smoke", "sdpo", seed=0, out_dir=tmp_path / "run")
+    now = run_identity(run)
     _write(tmp_path / "run", {**now, "method_config": config})
     if config is None:  # no settings recorded: the defaults, with the values from before
         match = "method.feedback_with_demo: true there"
@@ -106,30 +102,30 @@ def test_a_damaged_stored_method_config_is_a_difference_not_a_crash(tmp_path: Pa
 
 
 def test_a_changed_budget_is_named_not_hashed(tmp_path: Path) -> None:
-    run, config = _run(tmp_path)
-    _write(tmp_path / "run", run_identity(run, config))
-    other, other_config = _run(tmp_path, "stages[0].budget.steps=7")
+    run = _run(tmp_path)
+    _write(tmp_path / "run", run_identity(run))
+    other = _run(tmp_path, "stages[0].budget.steps=7")
     with pytest.raises(RunDirError) as err:
-        check_run_dir(tmp_path / "run", run_identity(other, other_config), resume=True)
+        check_run_dir(tmp_path / "run", run_identity(other), resume=True)
     steps = run.suite.stages[0].budget.steps
     assert (f"holds another run (stages[0].budget.steps: {steps} there, 7 now); to continue "
             f"it, add --set 'stages[0].budget.steps={steps}'; or ") in str(err.value)
     # a string YAML would read as a number is quoted, so the hint gives back that very string
-    versioned, config = _run(tmp_path, "version=\"2\"")
+    versioned = _run(tmp_path, "version=\"2\"")
     with pytest.raises(RunDirError) as err:
-        check_run_dir(tmp_path / "run", run_identity(versioned, config), resume=True)
+        check_run_dir(tmp_path / "run", run_identity(versioned), resume=True)
     assert f"""add --set 'version="{run.suite.version}"'; or""" in str(err.value)
     from clbench.spec.reading import parse_override
     assert parse_override(f'version="{run.suite.version}"')[1] == run.suite.version
     with pytest.raises(RunDirError) as err:  # the default metrics: too long a list to type
-        check_run_dir(tmp_path / "run", run_identity(*_run(tmp_path, "protocol.metrics=[acc]")),
+        check_run_dir(tmp_path / "run", run_identity(_run(tmp_path, "protocol.metrics=[acc]")),
                       resume=True)
     assert "protocol.metrics: " in str(err.value) and "--set" not in str(err.value)
-    two, two_config = _run(tmp_path, "protocol.metrics=[acc, bwt]")
+    two = _run(tmp_path, "protocol.metrics=[acc, bwt]")
     (tmp_path / "run" / IDENTITY_FILE).unlink()
-    _write(tmp_path / "run", run_identity(two, two_config))
+    _write(tmp_path / "run", run_identity(two))
     with pytest.raises(RunDirError) as err:
-        check_run_dir(tmp_path / "run", run_identity(*_run(tmp_path, "protocol.metrics=[acc]")),
+        check_run_dir(tmp_path / "run", run_identity(_run(tmp_path, "protocol.metrics=[acc]")),
                       resume=True)
     assert """add --set 'protocol.metrics=["acc", "bwt"]'; or""" in str(err.value)  # quoted
     assert parse_override('protocol.metrics=["acc", "bwt"]')[1] == ["acc", "bwt"]
@@ -138,9 +134,9 @@ def test_a_changed_budget_is_named_not_hashed(tmp_path: Path) -> None:
 def test_the_suite_files_own_model_is_named_apart_and_not_hinted(tmp_path: Path) -> None:
     """`--set model.*` sets the run's model, not the `model:` of the suite file: when the file's
     model changed, a hint to set it would only come back refused."""
-    run, config = _run(tmp_path)
-    _write(tmp_path / "run", run_identity(run, config))
-    now = run_identity(run, config)
+    run = _run(tmp_path)
+    _write(tmp_path / "run", run_identity(run))
+    now = run_identity(run)
     now["suite_spec"]["model"]["name"] = "tiny-qwen2"  # the suite file now names another model
     with pytest.raises(RunDirError) as err:
         check_run_dir(tmp_path / "run", now, resume=True)
@@ -150,8 +146,8 @@ def test_the_suite_files_own_model_is_named_apart_and_not_hinted(tmp_path: Path)
 
 
 def test_an_identity_without_the_suite_reads_it_from_results(tmp_path: Path) -> None:
-    run, config = _run(tmp_path)
-    now = run_identity(run, config)
+    run = _run(tmp_path)
+    now = run_identity(run)
     old = _older_identity(now)
     suite = old.pop("suite_spec")  # identities did not store the suite before
     _write(tmp_path / "run", old)
@@ -160,7 +156,7 @@ def test_an_identity_without_the_suite_reads_it_from_results(tmp_path: Path) -> 
         check_run_dir(tmp_path / "run", now, resume=True)
     # The results of the first rows hold the suite as run: read through the current schema it
     # is this suite, so the run resumes.
-    result = new_result(run, config)
+    result = result_of(run)
     result.suite = suite
     write_results(tmp_path / "run" / RESULTS_FILENAME, result)
     previous = check_run_dir(tmp_path / "run", now, resume=True)
@@ -168,23 +164,23 @@ def test_an_identity_without_the_suite_reads_it_from_results(tmp_path: Path) -> 
 
 
 def test_rewording_the_description_is_the_same_suite_and_run(tmp_path: Path) -> None:
-    run, config = _run(tmp_path)
-    _write(tmp_path / "run", run_identity(run, config))
-    reworded, _ = _run(tmp_path, "description=Another way to say it.")
+    run = _run(tmp_path)
+    _write(tmp_path / "run", run_identity(run))
+    reworded = _run(tmp_path, "description=Another way to say it.")
     assert reworded.suite.description != run.suite.description
     assert reworded.suite.content_hash() == run.suite.content_hash()
-    assert check_run_dir(tmp_path / "run", run_identity(reworded, config), resume=True) is None
-    changed, _ = _run(tmp_path, 'version="2"')  # the content's own version is measured
+    assert check_run_dir(tmp_path / "run", run_identity(reworded), resume=True) is None
+    changed = _run(tmp_path, 'version="2"')  # the content's own version is measured
     assert changed.suite.content_hash() != run.suite.content_hash()
 
 
 @pytest.mark.parametrize("content", ["{\"suite\": ", "[1, 2]", "\udcff"])
 def test_a_damaged_identity_file_is_a_clear_refusal(tmp_path: Path, content: str) -> None:
-    run, config = _run(tmp_path)
+    run = _run(tmp_path)
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / IDENTITY_FILE).write_bytes(content.encode("utf-8", "surrogateescape"))
     with pytest.raises(RunDirError, match=r"run.json is damaged .*restore it or choose another"):
-        check_run_dir(tmp_path / "run", run_identity(run, config), resume=True)
+        check_run_dir(tmp_path / "run", run_identity(run), resume=True)
 
 
 @pytest.mark.e2e
@@ -315,25 +311,24 @@ def test_a_folder_of_another_run_that_completed_no_stage_is_refused_with_the_way
         tmp_path: Path) -> None:
     """A run that failed in stage 1 holds only row 0 (cached elsewhere): the refusal says it can
     be deleted; a folder with a completed stage is refused without that suggestion."""
-    run, config = _run(tmp_path)
-    other = build_run_spec("smoke", "sft", seed=1, out_dir=tmp_path / "run")
-    other_config = config
+    run = _run(tmp_path)
+    other = run_spec("smoke", "sft", seed=1, out_dir=tmp_path / "run")
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(other, other_config)))
-    result = new_result(other, other_config)
+    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(other)))
+    result = result_of(other)
     row = [Cell(score=0.5, n=2)] * len(result.columns)
     result.status, result.matrix, result.row_labels = "failed", [row], ["base"]
     write_results(folder / RESULTS_FILENAME, result)
     with pytest.raises(RunDirError) as err:
-        check_run_dir(folder, run_identity(run, config), resume=True)
+        check_run_dir(folder, run_identity(run), resume=True)
     assert str(err.value).endswith(f"it is a failed run that completed no stage: delete it "
                                    f"(rm -r {folder}) to start over there, or choose another --out")
     result.status, result.matrix = "partial", [row, row]
     result.row_labels.append("after math")
     write_results(folder / RESULTS_FILENAME, result)
     with pytest.raises(RunDirError) as err:
-        check_run_dir(folder, run_identity(run, config), resume=True)
+        check_run_dir(folder, run_identity(run), resume=True)
     assert "rm -r" not in str(err.value)
     assert str(err.value).endswith("seed: 1 there, 0 now); choose another --out")
 
@@ -370,10 +365,10 @@ def test_a_locked_read_only_run_folder_is_probed_without_writing(tmp_path: Path,
 
     from clbench.run.rundir import LOCK_FILE, lock_run_dir
 
-    run, config = _run(tmp_path)
+    run = _run(tmp_path)
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(run, config)))
+    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(run)))
     (folder / LOCK_FILE).write_text("")
     os.chmod(folder / LOCK_FILE, 0o444)
     real_open = open
@@ -387,15 +382,15 @@ def test_a_locked_read_only_run_folder_is_probed_without_writing(tmp_path: Path,
 
     monkeypatch.setattr(builtins, "open", no_writes)
     with pytest.raises(RunDirError, match="already holds this run; pass --resume"):
-        check_run_dir(folder, run_identity(run, config), resume=False)
+        check_run_dir(folder, run_identity(run), resume=False)
     monkeypatch.undo()
     os.chmod(folder / LOCK_FILE, 0o644)
     mine = lock_run_dir(folder)
     try:
         with pytest.raises(RunDirError, match="already holds this run; pass --resume"):
-            check_run_dir(folder, run_identity(run, config), resume=False, locked_by_us=True)
+            check_run_dir(folder, run_identity(run), resume=False, locked_by_us=True)
         with pytest.raises(RunDirError, match="another clbench process is running this run"):
-            check_run_dir(folder, run_identity(run, config), resume=False)
+            check_run_dir(folder, run_identity(run), resume=False)
     finally:
         mine.close()
 
@@ -404,12 +399,12 @@ def test_a_locked_read_only_run_folder_is_probed_without_writing(tmp_path: Path,
 def test_no_delete_hint_for_a_folder_that_may_hold_something(tmp_path: Path, case: str) -> None:
     from clbench.run.rundir import LOCK_FILE, lock_run_dir
 
-    run, config = _run(tmp_path)
-    other = build_run_spec("smoke", "sft", seed=1, out_dir=tmp_path / "run")
+    run = _run(tmp_path)
+    other = run_spec("smoke", "sft", seed=1, out_dir=tmp_path / "run")
     folder = tmp_path / "run"
     folder.mkdir()
-    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(other, config)))
-    result = new_result(other, config)
+    (folder / IDENTITY_FILE).write_text(json.dumps(run_identity(other)))
+    result = result_of(other)
     result.matrix, result.row_labels = [[Cell(score=0.5, n=2)] * len(result.columns)], ["base"]
     result.status = "complete" if case == "complete" else "partial"
     write_results(folder / RESULTS_FILENAME, result)
@@ -422,7 +417,7 @@ def test_no_delete_hint_for_a_folder_that_may_hold_something(tmp_path: Path, cas
         (folder / RESULTS_FILENAME).write_text('{"schema_version": "99.0"}')
     try:
         with pytest.raises(RunDirError) as err:
-            check_run_dir(folder, run_identity(run, config), resume=True)
+            check_run_dir(folder, run_identity(run), resume=True)
     finally:
         if held is not None:
             held.close()

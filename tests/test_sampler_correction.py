@@ -14,7 +14,7 @@ from toy import FixedGenerator, tiny, toy_context
 
 from clbench.train import losses
 from clbench.train.logprobs import completion_logprobs
-from clbench.train.onpolicy import OnPolicyTrainer
+from clbench.train.loop import TrainingLoop
 from clbench.train.rollout import Generator, Rollout, SamplingParams
 from clbench.train.sampler_correction import sampler_weights
 from methods.grpo import GRPOConfig, GRPOObjective
@@ -75,11 +75,11 @@ class OffsetEngine(Generator):
 def _batch(tmp_path: Path, offset: float, **settings):
     model, tok = tiny(seed=0)
     ctx = toy_context(model, tok, tmp_path, steps=1)
-    objective = GRPOObjective(GRPOConfig(**settings))
-    trainer = OnPolicyTrainer(ctx, objective, GRPOConfig(**settings),
-                              generator=OffsetEngine(model, tok, offset))
-    batch, stats = trainer.collect(0)
-    return trainer, objective, batch, stats
+    config = GRPOConfig(**settings)
+    objective = GRPOObjective(ctx, config, generator=OffsetEngine(model, tok, offset))
+    loop = TrainingLoop(ctx, config, objective)
+    batch, stats = loop.new_batch(0)
+    return loop, objective, batch, stats
 
 
 def test_the_trainer_weights_a_batch_drawn_elsewhere(tmp_path: Path) -> None:
@@ -102,23 +102,23 @@ def test_the_trainer_weights_a_batch_drawn_elsewhere(tmp_path: Path) -> None:
     assert batch.sampler_weights is None and "sampler_weight_mean" not in stats
 
 
-def _losses_with_and_without_weights(objective, batch, trainer) -> tuple[float, float]:
+def _losses_with_and_without_weights(objective, batch, loop) -> tuple[float, float]:
     """The batch's loss with its sampler weights, then with none; the plain one is not 0, so a
     ratio between them means something."""
     rows = range(batch.size)
-    weighted, _ = objective.loss(batch, rows, trainer)
+    weighted, _ = objective.loss(loop, batch, rows)
     batch.sampler_weights = None
-    plain, _ = objective.loss(batch, rows, trainer)
+    plain, _ = objective.loss(loop, batch, rows)
     assert plain.item() != 0.0
     return weighted.item(), plain.item()
 
 
 def test_grpo_and_sdpo_losses_scale_by_the_weights(tmp_path: Path) -> None:
-    trainer, objective, batch, _ = _batch(tmp_path, math.log(2.0),
-                                          sampler_correction="token_truncate")
+    loop, objective, batch, _ = _batch(tmp_path, math.log(2.0),
+                                       sampler_correction="token_truncate")
     # advantages of both signs, so the surrogate is not 0
     batch.extra["advantages"] = torch.linspace(-1.0, 1.0, batch.size)
-    weighted, plain = _losses_with_and_without_weights(objective, batch, trainer)
+    weighted, plain = _losses_with_and_without_weights(objective, batch, loop)
     assert weighted == pytest.approx(2.0 * plain, rel=1e-6)
     # SDPO: the sampled-token terms of test_losses, -d for d = 1..6, weighted per completion
     student = losses.DistillationScores(-torch.ones(2, 3))
@@ -139,11 +139,11 @@ def test_an_engine_with_the_wrong_number_of_sampler_logprobs_is_refused(tmp_path
             return rollouts
 
     ctx = toy_context(model, tok, tmp_path, steps=1)
-    trainer = OnPolicyTrainer(ctx, GRPOObjective(GRPOConfig()), GRPOConfig(),
-                              generator=Short(model, tok, 0.0))
+    loop = TrainingLoop(ctx, GRPOConfig(), GRPOObjective(ctx, GRPOConfig(),
+                                                         generator=Short(model, tok, 0.0)))
     with pytest.raises(RuntimeError, match=r"Short returned \d+ sampler log-probs for a "
                                            r"completion of \d+ tokens"):
-        trainer.collect(0)
+        loop.new_batch(0)
 
 
 def test_an_sdpo_step_on_a_batch_drawn_elsewhere_scales_by_the_weights(tmp_path: Path) -> None:
@@ -153,10 +153,9 @@ def test_an_sdpo_step_on_a_batch_drawn_elsewhere_scales_by_the_weights(tmp_path:
     ctx = toy_context(model, tok, tmp_path, steps=1)
     # the verifier's feedback gives every failed rollout a teacher, so every row has a loss
     config = SDPOConfig(feedback="rich", sampler_correction="token_truncate")
-    objective = SDPOObjective(config)
-    trainer = OnPolicyTrainer(ctx, objective, config,
-                              generator=OffsetEngine(model, tok, math.log(2.0)))
-    objective.on_stage_start(trainer)
-    batch, _ = trainer.collect(0)
-    weighted, plain = _losses_with_and_without_weights(objective, batch, trainer)
+    objective = SDPOObjective(ctx, config, generator=OffsetEngine(model, tok, math.log(2.0)))
+    loop = TrainingLoop(ctx, config, objective)
+    objective.on_stage_start(loop)
+    batch, _ = loop.new_batch(0)
+    weighted, plain = _losses_with_and_without_weights(objective, batch, loop)
     assert weighted == pytest.approx(2.0 * plain, rel=1e-5)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fakes import result_of, run_spec
 
 from clbench.cli import cli
-from clbench.plugins.runspec import build_run_spec
-from clbench.results import new_result, read_results, write_results
+from clbench.results import read_results, write_results
+from clbench.spec.options import RunOptions
 from clbench.spec.reading import SpecError
 from clbench.spec.suites import default_out_dir, resolve_suite
-from clbench.sweep.children import ChildLauncher
 
 
 def _smoke_with(tmp_path: Path, extra: str) -> Path:
@@ -36,17 +36,18 @@ def test_a_suite_or_an_override_cannot_let_a_model_run_its_own_code(tmp_path: Pa
     assert "model (line" in validated.output and "cannot let a model run its own code" in \
         " ".join(validated.output.split())
     with pytest.raises(SpecError, match="a suite or an override cannot let a model run"):
-        build_run_spec("smoke", "sft", overrides=["model.trust_remote_code=true"])
+        run_spec("smoke", "sft", overrides=["model.trust_remote_code=true"])
 
 
 def test_the_flag_allows_it_is_recorded_and_reaches_a_sweeps_children(tmp_path: Path) -> None:
-    plain = build_run_spec("smoke", "sft", out_dir=tmp_path / "a")
-    allowed = build_run_spec("smoke", "sft", out_dir=tmp_path / "b", trust_remote_code=True)
+    plain = run_spec("smoke", "sft", out_dir=tmp_path / "a")
+    allowed = run_spec("smoke", "sft", out_dir=tmp_path / "b", trust_remote_code=True)
     assert plain.model.trust_remote_code is False and allowed.model.trust_remote_code is True
-    assert new_result(allowed, {}).model.spec["trust_remote_code"] is True  # in results.json
-    launcher = ChildLauncher(tmp_path, (), None, "cpu", True)
-    assert "--trust-remote-code" in launcher.command(allowed)
-    assert "--trust-remote-code" not in launcher.command(plain)
+    assert result_of(allowed, {}).model.spec["trust_remote_code"] is True  # in results.json
+    # a sweep's child gets its run's options as a command line
+    assert "--trust-remote-code" in RunOptions(suite="smoke", method="sft",
+                                               trust_remote_code=True).command_line()
+    assert "--trust-remote-code" not in RunOptions(suite="smoke", method="sft").command_line()
     planned = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--plan",
                                        "--trust-remote-code"])
     assert planned.exit_code == 0, planned.output
@@ -70,8 +71,8 @@ def test_names_cannot_lead_out_of_the_runs_folder() -> None:
 def test_a_results_file_whose_column_names_a_path_is_refused(tmp_path: Path) -> None:
     secret = tmp_path / "secret.jsonl"
     secret.write_text('{"id": "x", "completion": "the secret", "correct": true}\n')
-    run = build_run_spec("smoke", "sft", out_dir=tmp_path / "unused")
-    path = write_results(tmp_path / "runs" / "a" / "results.json", new_result(run, {}))
+    run = run_spec("smoke", "sft", out_dir=tmp_path / "unused")
+    path = write_results(tmp_path / "runs" / "a" / "results.json", result_of(run, {}))
     data = json.loads(path.read_text())
     data["columns"][0]["name"] = "../../../secret"
     path.write_text(json.dumps(data))

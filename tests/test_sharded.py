@@ -81,20 +81,32 @@ def test_fsdp1_and_deepspeed_are_refused_with_what_to_use(
         sharding_of(_accelerator(DistributedType.DEEPSPEED))
 
 
-def test_a_sharded_launch_refuses_methods_that_have_not_declared_it() -> None:
+def test_a_sharded_launch_refuses_plugins_that_have_not_declared_it() -> None:
+    from clbench.api import SFT
     from clbench.plugins import registry
+    from clbench.spec.schema import AddOnSpec
 
-    run = SimpleNamespace(method=MethodSpec(name="ewc-sft"))
+    class SFTVariant(SFT):  # a subclass is not trusted with its parent's declaration
+        name = "sft-variant"
+
+    def run_of(method: str, *addons: str) -> SimpleNamespace:
+        return SimpleNamespace(method=MethodSpec(name=method),
+                               addons=[AddOnSpec(name=a) for a in addons])
+
     sharded, unsharded = SimpleNamespace(sharding="fsdp2"), SimpleNamespace(sharding=None)
-    ewc = registry.build_method(MethodSpec(name="ewc-sft"))
-    with pytest.raises(UserError, match="the method 'ewc-sft' does not support sharded training "
-                                        r"\(fsdp2, from the accelerate config\)"):
-        check_sharding_support(run, ewc, sharded)  # type: ignore[arg-type]
-    check_sharding_support(run, ewc, unsharded)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="the method 'sft-variant' does not support sharded "
+                                        r"training \(fsdp2, from the accelerate config\)"):
+        check_sharding_support(run_of("sft-variant"), SFTVariant(), [], sharded)  # type: ignore[arg-type]
+    check_sharding_support(run_of("sft-variant"), SFTVariant(), [], unsharded)  # type: ignore[arg-type]
     for name in ("sft", "grpo", "sdpo", "sdpo-cot", "stable-sdpo"):
         method = registry.build_method(MethodSpec(name=name))
-        check_sharding_support(SimpleNamespace(method=MethodSpec(name=name)), method,  # type: ignore[arg-type]
-                               sharded)
+        check_sharding_support(run_of(name), method, [], sharded)  # type: ignore[arg-type]
+    # add-ons alike: replay only chooses items; ewc reads the plain student's weights
+    sft = registry.build_method(MethodSpec(name="sft"))
+    replay, ewc = registry.build_addons([AddOnSpec(name="replay"), AddOnSpec(name="ewc")])
+    check_sharding_support(run_of("sft", "replay"), sft, [replay], sharded)  # type: ignore[arg-type]
+    with pytest.raises(UserError, match="the add-on 'ewc' does not support sharded training"):
+        check_sharding_support(run_of("sft", "replay", "ewc"), sft, [replay, ewc], sharded)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -101,6 +101,12 @@ protocol:
     ("sdpo", ["--set", "method.teacher=ema", "--set", "model.dtype=bfloat16",
               "--set", "model.mixed_precision=false"]),
     ("stable-sdpo", []),  # a teacher refreshed before steps 0 and 2 of the 4
+    # add-ons: state across stages (the replay buffer, EWC's Fisher and anchor) restored from
+    # stage 1's checkpoint, state within a stage (LwF's and merge's stage-start weights) from
+    # the step checkpoint
+    ("sft", ["--addon", "replay", "--addon", "ewc", "--set", "addon.replay.fraction=0.5"]),
+    ("grpo", ["--addon", "lwf", "--addon", "merge", "--set", "addon.lwf.topk=5"]),
+    ("sdpo", ["--addon", "replay", "--addon", "lwf", "--set", "method.feedback=rich"]),
 ])
 def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
         tmp_path: Path, method: str, sets: list[str]) -> None:
@@ -148,6 +154,16 @@ def test_a_stage_stopped_in_its_middle_continues_from_its_last_step(
             for p in sorted((stopped / "items").rglob("*.jsonl"))} == items
     # the comparison means something: the method did update the model in stage 2
     assert any(step["grad_norm"] > 0 for step in reports[0]["steps"])
+    # and each add-on acted in it
+    steps, extra = reports[0]["steps"], reports[0]["extra"]
+    addons = [sets[i + 1] for i, arg in enumerate(sets) if arg == "--addon"]
+    if "replay" in addons:
+        assert [step["replayed_fraction"] for step in steps] == [0.5] * 4
+    for addon, stat in (("ewc", "ewc_penalty"), ("lwf", "lwf_kl")):
+        if addon in addons:
+            assert any(step[stat] > 0 for step in steps), stat
+    if "merge" in addons:
+        assert extra["merge"] == {"alpha": 0.5}
 
 
 def test_a_method_that_saves_progress_but_ignores_it_on_resume_fails_loudly(

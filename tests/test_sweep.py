@@ -23,13 +23,13 @@ from click.testing import CliRunner, Result
 
 from clbench.cli import cli
 from clbench.errors import UserError, terminate_as_interrupt
-from clbench.plugins.runspec import build_run_spec
 from clbench.results import read_results, write_results
 from clbench.run.protocol import RunInterrupted
+from clbench.spec.options import RunOptions, RunSettings
 from clbench.sweep import children as sweep_children
 from clbench.sweep import grid as sweep_module
-from clbench.sweep.children import ChildLauncher, threads_per_child
-from clbench.sweep.grid import sweep
+from clbench.sweep.children import Child, ChildLauncher, threads_per_child
+from clbench.sweep.grid import grid_run, sweep
 from clbench.train import cpu
 
 SEEDS = (0, 1)
@@ -60,7 +60,7 @@ def in_process_grid(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     try:
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("CLBENCH_BASE_ROWS", str(tmp_path_factory.mktemp("base-rows")))
-            sweep("smoke", ["sft"], SEEDS, root, device="cpu", reuse_base_row=False)
+            sweep("smoke", ["sft"], SEEDS, root, RunSettings(device="cpu", reuse_base_row=False))
     finally:
         torch.set_num_threads(threads)
     yield root
@@ -76,18 +76,28 @@ def one_thread_per_child(monkeypatch: pytest.MonkeyPatch) -> None:
 # ---------------------------------------------------------------------------------------------
 
 def test_child_command_carries_every_option_of_the_sweep(tmp_path: Path) -> None:
-    run = build_run_spec("smoke", "sft", seed=3, out_dir=tmp_path / "sft" / "s3",
-                         overrides=["method.lr=2e-5"], model="tiny-llama", device="cpu",
-                         reuse_base_row=False, checkpoint_minutes=2.5)
-    launch = ChildLauncher(tmp_path, ["method.lr=2e-5"], "tiny-llama", "cpu",
-                           reuse_base_row=False, threads=4)
-    command = launch.command(run)
+    settings = RunSettings(sets=["method.lr=2e-5"], addons=["replay"], model="tiny-llama",
+                           device="cpu", reuse_base_row=False, checkpoint_minutes=2.5)
+    options, run = grid_run(RunOptions.of(settings, suite="smoke", method="sft", seed=3),
+                            tmp_path)
+    assert run.out_dir == str(tmp_path / "sft+replay" / "s3")
+    launch = ChildLauncher(tmp_path, threads=4)
+    child = Child(options, run, launch.log_path(run))
+    command = launch.command(child)
     assert command[:4] == [sys.executable, "-m", "clbench.cli", "run"]
     args = " ".join(command[4:])
-    assert f"--suite {run.suite_file} --method sft --seed 3 --out {tmp_path}/sft/s3 " \
-           "--resume --device cpu --set method.lr=2e-5 --model tiny-llama --no-base-cache " \
-           "--checkpoint-minutes 2.5" == args
-    assert launch.log_path(run) == tmp_path / "logs" / "sft-s3.log"
+    assert f"--suite {run.suite_file} --method sft --seed 3 --device cpu --checkpoint-minutes " \
+           f"2.5 --out {tmp_path}/sft+replay/s3 --addon replay --set method.lr=2e-5 --model " \
+           "tiny-llama --no-base-cache --resume" == args
+    # the child's command builds the very same run
+    from click.testing import CliRunner
+
+    from clbench.cli import cli
+    from clbench.plugins.runspec import build_run_spec
+
+    assert build_run_spec(options) == run
+    assert CliRunner().invoke(cli, ["run", *command[4:], "--plan"]).exit_code == 0
+    assert launch.log_path(run) == tmp_path / "logs" / "sft+replay-s3.log"
     env = launch.environment()
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
 
@@ -208,7 +218,7 @@ def test_a_child_stopped_from_outside_the_sweep_fails_the_sweep(
         sys.executable, "-c", f"import os, signal, sys; {ending}"])
     with pytest.raises(UserError, match=r"1 of 1 runs failed: sft seed 0 \(stopped by a signal "
                                         r"from outside the sweep, exit (143|-15); log "):
-        sweep("smoke", ["sft"], [0], tmp_path / "grid", device="cpu", jobs=2)
+        sweep("smoke", ["sft"], [0], tmp_path / "grid", RunSettings(device="cpu"), jobs=2)
 
 
 def test_a_stop_as_a_child_starts_still_stops_that_child(tmp_path: Path,
@@ -230,7 +240,7 @@ def test_a_stop_as_a_child_starts_still_stops_that_child(tmp_path: Path,
     before = signal.getsignal(signal.SIGTERM)
     try:
         with terminate_as_interrupt(), pytest.raises(RunInterrupted):
-            sweep("smoke", ["sft"], [0], tmp_path / "grid", device="cpu", jobs=2)
+            sweep("smoke", ["sft"], [0], tmp_path / "grid", RunSettings(device="cpu"), jobs=2)
         assert len(started) == 1 and started[0].poll() is not None
         assert signal.getsignal(signal.SIGTERM) is before
     finally:
@@ -266,7 +276,7 @@ def test_a_run_that_fails_before_it_starts_names_no_log(tmp_path: Path,
 
     monkeypatch.setattr(sweep_module, "execute", refuse)
     with pytest.raises(UserError) as err:
-        sweep("smoke", ["sft"], [0], tmp_path / "grid", device="cpu", jobs=1)
+        sweep("smoke", ["sft"], [0], tmp_path / "grid", RunSettings(device="cpu"), jobs=1)
     assert str(err.value) == "1 of 1 runs failed: sft seed 0 (refused before the run began)"
 
 
@@ -381,8 +391,8 @@ def test_a_sweep_without_a_terminal_says_each_finished_stage(tmp_path: Path) -> 
         if rows is not None:
             (out / "results.json").write_text(json.dumps({"matrix": [[0.5]] * rows}))
         run = SimpleNamespace(method=SimpleNamespace(name="grpo"), seed=seed, out_dir=str(out),
-                              suite=SimpleNamespace(stages=[1, 2, 3]))
-        return Child(run, out / "log", state=state, started=0.0)  # type: ignore[arg-type]
+                              suite=SimpleNamespace(stages=[1, 2, 3]), folder_name=lambda: "grpo")
+        return Child(None, run, out / "log", state=state, started=0.0)  # type: ignore[arg-type]
 
     children = [child(0, None), child(1, 2), child(2, 4, state="complete"), child(3, None)]
     said = {0: 0, 1: 2}  # rows at launch: seed 1 resumed after stage 1; seed 3 not noted yet

@@ -19,7 +19,7 @@ from toy import tiny, toy_context
 
 from clbench.errors import UserError
 from clbench.train.logprobs import completion_logprobs
-from clbench.train.onpolicy import OnPolicyTrainer
+from clbench.train.loop import TrainingLoop
 from clbench.train.rollout import HFGenerator, SamplingParams
 from clbench.train.vllm_engine import VLLMGenerator, colocated_generator
 from methods.grpo import GRPOConfig, GRPOObjective
@@ -109,9 +109,9 @@ def test_a_grpo_stage_on_the_fake_engine_pushes_weights_sleeps_and_corrects(
     log: list[dict] = []
     ctx = toy_context(model, tok, tmp_path, steps=3, lr=3e-2, log=log)
     settings = GRPOConfig(lr=3e-2, sampler_correction="token_truncate")
-    trainer = OnPolicyTrainer(ctx, GRPOObjective(settings), settings,
+    objective = GRPOObjective(ctx, settings,
                               generator=VLLMGenerator(llm, tok, model, FakeSamplingParams))
-    report = trainer.run()
+    report = TrainingLoop(ctx, settings, objective).run()
     # the student trained, and before each of the 3 steps the engine took all its weights
     # (checked against the student inside `generate`), woke, generated and slept again
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

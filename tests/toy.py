@@ -24,7 +24,8 @@ from clbench.models import load_model
 from clbench.spec.schema import Budget
 from clbench.tasks.base import Example, Grade, Split, TaskParams, TaskSource, seeded_rng
 from clbench.train.api import StageContext
-from clbench.train.onpolicy import Objective, OnPolicyTrainer, RolloutBatch
+from clbench.train.loop import StepBatch, TrainingLoop
+from clbench.train.onpolicy import Objective, OnPolicySettings, RolloutBatch
 from clbench.train.rollout import Generator, Rollout, SamplingParams
 
 
@@ -124,24 +125,28 @@ class RowNLL(Objective):
     """Negative log-likelihood of the completions of the prompts `supervise` picks, a token mean
     over them (over every rank's); micro-batches without such rows give a loss without graph."""
 
-    def __init__(self, supervise: Callable[[Any], bool]) -> None:
+    def __init__(self, ctx: StageContext, supervise: Callable[[Any], bool],
+                 config: OnPolicySettings | None = None, **kwargs: Any) -> None:
+        super().__init__(ctx, config or OnPolicySettings(lr=1e-3), **kwargs)
         self.supervise = supervise
 
-    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
+    def prepare(self, loop: TrainingLoop, batch: RolloutBatch) -> dict[str, float]:
         picked = torch.tensor([bool(self.supervise(batch.example_of(i)))
                                for i in range(batch.size)], device=batch.completion_mask.device)
         batch.extra["supervised"] = batch.completion_mask & picked[:, None]
         return {}
 
-    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+    def loss(self, loop: TrainingLoop, batch: StepBatch, rows: Any
              ) -> tuple[torch.Tensor, dict[str, float]]:
+        assert isinstance(batch, RolloutBatch)
         supervised = batch.extra["supervised"][rows.start:rows.stop]
         if not bool(supervised.any()):
             return torch.zeros(()), {}
-        scored = batch.score(trainer.train_model, rows, grad=True, chunk_size=trainer.chunk_size)
+        scored = batch.score(loop.train_model, rows, grad=True, chunk_size=self.chunk_size)
         return batch.token_mean(-scored.logprobs, supervised), {}
 
-    def supervised_tokens(self, batch: RolloutBatch) -> int:
+    def supervised_tokens(self, batch: StepBatch) -> int:
+        assert isinstance(batch, RolloutBatch)
         return int(batch.extra["supervised"].sum())
 
 

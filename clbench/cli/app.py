@@ -23,7 +23,8 @@ from clbench.errors import UserError, hangup_as_termination, stop_of, terminate_
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-# Options shared by `run` and `sweep`.
+# Options shared by `run` and `sweep`: what every run of a sweep has in common
+# (:class:`clbench.spec.options.RunSettings`).
 device_option = click.option("--device", default="auto", show_default=True,
                              metavar="auto|cpu|cuda[:N]", help="Where to train and evaluate.")
 trust_remote_code_option = click.option(
@@ -42,6 +43,54 @@ no_base_cache_option = click.option(
     "--no-base-cache", "no_base_cache", is_flag=True,
     help="Evaluate row 0 (the base model) even when an identical row is cached from an "
          "earlier run.")
+addon_option = click.option(
+    "--addon", "addons", multiple=True, metavar="NAME",
+    help="A continual-learning add-on on the method (see `clbench list addons`), after the "
+         "suite's `addons:`; repeatable, composed in the order given. Its settings: --set "
+         "addon.NAME.FIELD=VALUE.")
+
+
+def run_settings_options(joint_help: str) -> Any:
+    """The options of :class:`clbench.spec.options.RunSettings` on a command (`run`, `sweep`);
+    the command turns them into the model with :func:`run_settings`."""
+    options = [
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                     help="Override: method.X (method config), addon.NAME.X (an add-on's), "
+                          "model.X (model) or any suite field, e.g. --set "
+                          "stages[0].budget.steps=4 (repeatable). VALUE is read as YAML: 4, "
+                          "1e-5, true, [acc, bwt]."),
+        addon_option,
+        click.option("--model", "model_name", default=None, metavar="NAME", callback=not_empty,
+                     help="Model to train instead of the suite's default (hub id, path, "
+                          "tiny-*)."),
+        device_option, no_base_cache_option, checkpoint_minutes_option,
+        trust_remote_code_option,
+        click.option("--joint", is_flag=True, help=joint_help),
+    ]
+
+    def decorate(command: Any) -> Any:
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return decorate
+
+
+RUN_SETTINGS_PARAMS = ("sets", "addons", "model_name", "device", "no_base_cache",
+                       "checkpoint_minutes", "trust_remote_code", "joint")
+
+
+def run_settings(params: dict[str, Any]) -> Any:
+    """The :class:`~clbench.spec.options.RunSettings` of a command's options (removed from
+    `params`), the device checked first."""
+    from clbench.spec.options import RunSettings
+
+    values = {name: params.pop(name) for name in RUN_SETTINGS_PARAMS}
+    check_device(values["device"])
+    return RunSettings(sets=parse_sets(values["sets"]), addons=list(values["addons"]),
+                       model=values["model_name"], device=values["device"],
+                       reuse_base_row=not values["no_base_cache"],
+                       checkpoint_minutes=values["checkpoint_minutes"],
+                       joint=values["joint"], trust_remote_code=values["trust_remote_code"])
 
 
 def not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -1,5 +1,5 @@
-"""`clbench list`, `validate`, `schema`, `tasks show` and `methods show`: what is installed
-and what a suite or plugin accepts, without training anything (no torch import)."""
+"""`clbench list`, `validate`, `schema`, `tasks show`, `methods show` and `addons show`: what is
+installed and what a suite or plugin accepts, without training anything."""
 
 from __future__ import annotations
 
@@ -18,15 +18,17 @@ from clbench.report.tables import UNLIMITED_WIDTH, print_uncut
 # ---------------------------------------------------------------------------------------------
 
 @cli.command("list")
-@click.argument("what", type=click.Choice(["methods", "tasks", "suites"]))
+@click.argument("what", type=click.Choice(["methods", "addons", "tasks", "suites"]))
 def list_command(what: str) -> None:
-    """List the installed methods, task sources or named suites.
+    """List the installed methods, continual-learning add-ons, task sources or named suites.
 
-    `clbench methods show NAME` and `clbench tasks show NAME` document one of them.
+    `clbench methods show NAME`, `clbench addons show NAME` and `clbench tasks show NAME`
+    document one of them.
 
     \b
     Example:
       clbench list methods
+      clbench list addons
     """
     from clbench.cli import catalog
 
@@ -38,7 +40,8 @@ def list_command(what: str) -> None:
         return
     from clbench.plugins import registry
 
-    group = registry.METHODS_GROUP if what == "methods" else registry.TASKS_GROUP
+    group = {"methods": registry.METHODS_GROUP, "addons": registry.ADDONS_GROUP,
+             "tasks": registry.TASKS_GROUP}[what]
     # into a pipe: one row per plugin, whatever width rich assumes there
     width = console.width if console.is_terminal else UNLIMITED_WIDTH
     print_uncut(console, catalog.plugins_table(what, registry.list_plugins(group), width))
@@ -175,12 +178,47 @@ def methods_show_command(name: str) -> None:
     Example:
       clbench methods show sdpo
     """
-    from clbench.cli import catalog
     from clbench.plugins.registry import load_method_class
 
-    cls = load_method_class(name)
+    _show_config(name, load_method_class(name))
+
+
+# ---------------------------------------------------------------------------------------------
+# clbench addons show
+# ---------------------------------------------------------------------------------------------
+
+@cli.group("addons", cls=ClbenchGroup)
+def addons_group() -> None:
+    """Inspect continual-learning add-ons (`clbench list addons` lists them), which any method
+    takes with `clbench run --addon NAME`.
+
+    \b
+    Example:
+      clbench addons show ewc
+    """
+
+
+@addons_group.command("show")
+@click.argument("name")
+def addons_show_command(name: str) -> None:
+    """Show an add-on's config: every field, its type, default and meaning (what
+    `--set addon.NAME.FIELD=VALUE` or a suite's `addons:` entry may set).
+
+    \b
+    Example:
+      clbench addons show replay
+    """
+    from clbench.plugins.registry import load_addon_class
+
+    _show_config(name, load_addon_class(name))
+
+
+def _show_config(name: str, cls: type) -> None:
+    """A plugin's docstring's first paragraph, then its config's fields."""
+    from clbench.cli import catalog
+
     console = stdout_console()
     doc = (cls.__doc__ or "").strip().split("\n\n")[0]
     if doc:
         console.print(escape(" ".join(doc.split())), soft_wrap=True)
-    print_uncut(console, catalog.fields_table(f"{name} config", cls.Config))
+    print_uncut(console, catalog.fields_table(f"{name} config", cls.Config))  # type: ignore[attr-defined]

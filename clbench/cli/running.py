@@ -11,17 +11,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from clbench.cli.app import (
-    check_device,
-    checkpoint_minutes_option,
-    cli,
-    device_option,
-    no_base_cache_option,
-    not_empty,
-    parse_sets,
-    stdout_console,
-    trust_remote_code_option,
-)
+from clbench.cli.app import cli, not_empty, run_settings, run_settings_options, stdout_console
 from clbench.errors import UserError
 from clbench.seeding import MAX_SEED
 
@@ -38,34 +28,21 @@ from clbench.seeding import MAX_SEED
               help="Run seed.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               callback=not_empty,
-              help="Run directory  [default: runs/<suite>/<method>/s<seed>]")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override: method.X (method config), model.X (model) or any suite field, "
-                   "e.g. --set stages[0].budget.steps=4 (repeatable). VALUE is read as YAML: "
-                   "4, 1e-5, true, [acc, bwt].")
+              help="Run directory  [default: runs/<suite>/<method>[+<addon>...]/s<seed>]")
 @click.option("--resume", is_flag=True,
               help="Continue a stopped run where it stopped: from the last checkpoint of a "
                    "stage in progress, without evaluating a saved column again.")
-@click.option("--model", "model_name", default=None, metavar="NAME", callback=not_empty,
-              help="Model to train instead of the suite's default (hub id, path, tiny-*).")
-@device_option
-@no_base_cache_option
-@checkpoint_minutes_option
-@trust_remote_code_option
-@click.option("--joint", is_flag=True,
-              help="The joint reference run: train one stage on every stream task at once "
-                   "(their steps summed) instead of stage by stage; `clbench report` uses its "
-                   "scores for other runs' intransigence  [default out: "
-                   "runs/<suite>/<method>-joint/s<seed>]")
+@run_settings_options(
+    "The joint reference run: train one stage on every stream task at once (their steps "
+    "summed) instead of stage by stage; `clbench report` uses its scores for other runs' "
+    "intransigence  [default out: runs/<suite>/<method>-joint/s<seed>]")
 @click.option("--plan", "plan_only", is_flag=True, help="Print the validated plan and stop.")
 @click.option("--estimate", is_flag=True,
               help="With --plan: also estimate the run's wall time and disk on this machine, "
                    "from a short calibration (one evaluation batch per column and two "
                    "training steps per stage, on a copy of the model; nothing is written).")
-def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None,
-                sets: tuple[str, ...], resume: bool, model_name: str | None, device: str,
-                no_base_cache: bool, checkpoint_minutes: float, trust_remote_code: bool,
-                joint: bool, plan_only: bool, estimate: bool) -> None:
+def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None, resume: bool,
+                plan_only: bool, estimate: bool, **settings: Any) -> None:
     """Benchmark a method on a suite: train stage by stage and fill the accuracy matrix.
 
     \b
@@ -73,24 +50,21 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
       clbench run --suite starter --method sdpo --seed 0
       clbench run --suite starter --method sdpo --seed 0 --set method.lr=2e-5 \\
           --set stages[0].budget.steps=4 --out runs/starter-lr2e-5/sdpo/s0
+      clbench run --suite starter --method sdpo --addon ewc --set addon.ewc.strength=10
       clbench run --suite starter --method sdpo --seed 0 --joint
       clbench run --suite starter --method sdpo --plan --estimate
     """
-    from clbench.plugins import registry
     from clbench.plugins.runspec import build_run_spec
     from clbench.report.runs import print_plan, print_summary
+    from clbench.spec.options import RunOptions
 
-    check_device(device)
-    run = build_run_spec(suite_ref, method_name, seed=seed, out_dir=out_dir,
-                         overrides=parse_sets(sets), model=model_name, device=device,
-                         reuse_base_row=not no_base_cache,
-                         checkpoint_minutes=checkpoint_minutes, joint=joint,
-                         trust_remote_code=trust_remote_code)
-    config = registry.validate_method_params(run.method.name, run.method.params, where="method")
-    console = stdout_console()
+    options = RunOptions.of(run_settings(settings), suite=suite_ref, method=method_name,
+                            seed=seed, out_dir=out_dir)
     if estimate and not plan_only:
         raise UserError("--estimate goes with --plan: clbench run --plan --estimate ...")
-    print_plan(console, run, config.model_dump(mode="json"))
+    run = build_run_spec(options)
+    console = stdout_console()
+    print_plan(console, run)
     if estimate:
         _print_estimate(run, console)
     elif plan_only:
@@ -135,46 +109,38 @@ def _print_estimate(run: Any, console: Console) -> None:
               help="Comma-separated run seeds.")
 @click.option("--out", "out_root", type=click.Path(file_okay=False), default=None,
               callback=not_empty,
-              help="Root folder; each run goes to <out>/<method>/s<seed>  "
+              help="Root folder; each run goes to <out>/<method>[+<addon>...]/s<seed>  "
                    "[default: runs/<suite>]")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="Override applied to every run (repeatable), as in `clbench run`.")
-@click.option("--model", "model_name", default=None, metavar="NAME", callback=not_empty,
-              help="Model to train instead of the suite's default.")
-@device_option
-@no_base_cache_option
-@checkpoint_minutes_option
-@trust_remote_code_option
+@run_settings_options(
+    "Run the methods' joint references (`clbench run --joint`) into "
+    "<out>/<method>-joint/s<seed>; the comparison then gives the stage-by-stage runs beside "
+    "them their intransigence.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
               metavar="N",
               help="Runs at once, each a `clbench run` process logging to <out>/logs/ (1: one "
                    "after another in this process). On the CPU each gets an equal share of the "
                    "cores unless OMP_NUM_THREADS is set.")
-@click.option("--joint", is_flag=True,
-              help="Run the methods' joint references (`clbench run --joint`) into "
-                   "<out>/<method>-joint/s<seed>; the comparison then gives the stage-by-stage "
-                   "runs beside them their intransigence.")
-def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None,
-                  sets: tuple[str, ...], model_name: str | None, device: str,
-                  no_base_cache: bool, checkpoint_minutes: float, trust_remote_code: bool,
-                  jobs: int, joint: bool) -> None:
+def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None, jobs: int,
+                  **settings: Any) -> None:
     """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
 
-    Ends with a comparison table: mean ± std over seeds per method (n = seeds). A run that
-    fails does not stop the others; the sweep then exits with status 2 naming it and its log
-    once the rest are done. With --jobs N, up to N runs go side by side (a small model leaves
-    most of a GPU idle), with a live table of their stages.
+    Every run gets the same --set overrides and --addon add-ons. Ends with a comparison table:
+    mean ± std over seeds per method (n = seeds). A run that fails does not stop the others;
+    the sweep then exits with status 2 naming it and its log once the rest are done. With
+    --jobs N, up to N runs go side by side (a small model leaves most of a GPU idle), with a
+    live table of their stages.
 
     \b
     Example:
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1,2 --out runs/starter
+      clbench sweep --suite starter --methods sft,sdpo --seeds 0,1 --addon replay
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --device cuda --jobs 6
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --joint
     """
     from clbench.spec.suites import load_suite, resolve_suite
     from clbench.sweep import grid as sweep
 
-    check_device(device)
+    shared = run_settings(settings)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
@@ -187,10 +153,8 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
         raise UserError(f"--seeds {seeds!r}: seeds must be between -{MAX_SEED} and {MAX_SEED}")
     if out_root is None:
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
-    sweep.sweep(suite_ref, method_list, seed_list, out_root, overrides=parse_sets(sets),
-                model=model_name, device=device, reuse_base_row=not no_base_cache, jobs=jobs,
-                checkpoint_minutes=checkpoint_minutes, joint=joint, console=stdout_console(),
-                trust_remote_code=trust_remote_code)
+    sweep.sweep(suite_ref, method_list, seed_list, out_root, shared, jobs=jobs,
+                console=stdout_console())
 
 
 @cli.command("report")

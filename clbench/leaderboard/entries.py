@@ -26,7 +26,12 @@ from typing import Any
 
 from clbench.errors import UserError
 from clbench.metrics.aggregate import SeedSummary, mean_of_numbers, seed_interval, summarise
-from clbench.report.comparison import comparison_groups, metric_order, settings_in_force
+from clbench.report.comparison import (
+    addon_settings_in_force,
+    comparison_groups,
+    metric_order,
+    settings_in_force,
+)
 from clbench.results import RunResult, read_results
 from clbench.run.scores import recomputed_metrics
 
@@ -164,16 +169,21 @@ def _examples(where: Path, result: RunResult, per_column: int = 2) -> list[dict[
 
 def _provenance(result: RunResult) -> dict[str, Any]:
     settings = settings_in_force(result)
-    sets = " ".join(f"--set method.{k}={json.dumps(v, default=str)}"
-                    for k, v in (settings or {}).items())
+    sets = [f"--set method.{k}={json.dumps(v, default=str)}" for k, v in (settings or {}).items()]
+    for name, addon in addon_settings_in_force(result).items():
+        sets += [f"--addon {name}"] + [f"--set addon.{name}.{k}={json.dumps(v, default=str)}"
+                                       for k, v in addon.items()]
     return {"seed": result.seed, "clbench": result.versions.get("clbench"),
             "git_revision": result.git_revision, "suite_hash": result.suite_hash,
             "versions": dict(sorted(result.versions.items())),
             "method_distribution": result.method.distribution,
             "method_version": result.method.version,
+            "addons": [{"name": a.name, "distribution": a.distribution, "version": a.version}
+                       for a in result.addons],
             "created": result.created.isoformat(), "updated": result.updated.isoformat(),
             "command": f"clbench run --suite {result.suite.get('name')} --method "
-                       f"{result.method.name} --seed {result.seed}" + (f" {sets}" if sets else "")}
+                       f"{result.method.name} --seed {result.seed}"
+                       + "".join(f" {s}" for s in sets)}
 
 
 def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[str, Any]:
@@ -195,6 +205,7 @@ def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[s
         "id": _slug(suite, model_name(first), label), "suite": suite, "label": label,
         "method": first.method.name, "model": model_name(first),
         "settings": settings if settings is not None else first.method.config,
+        "addons": [{"name": a.name, "config": a.config} for a in first.addons],
         "seeds": [r.seed for r in results], "n": len(results), "metrics": metrics,
         "matrix": _matrix(results), "diagnostics": diagnostics,
         "diagnosed": any(r.stages and any(s.diagnostics for s in r.stages) for r in results),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +32,18 @@ from clbench.errors import UserError
 from clbench.spec.reading import SpecError, describe_validation_error
 
 if TYPE_CHECKING:
-    from clbench.spec.schema import MethodSpec, TaskSpec
+    from clbench.spec.schema import AddOnSpec, MethodSpec, TaskSpec
     from clbench.tasks.base import TaskParams, TaskSource
+    from clbench.train.addons import AddOn, AddOnConfig
     from clbench.train.api import Method, MethodConfig
 
 METHODS_GROUP = "clbench.methods"
 TASKS_GROUP = "clbench.tasks"
-GROUPS = (METHODS_GROUP, TASKS_GROUP)
-_KIND = {METHODS_GROUP: "method", TASKS_GROUP: "task source"}
-_LIST_HINT = {METHODS_GROUP: "clbench list methods", TASKS_GROUP: "clbench list tasks"}
+ADDONS_GROUP = "clbench.addons"
+GROUPS = (METHODS_GROUP, TASKS_GROUP, ADDONS_GROUP)
+_KIND = {METHODS_GROUP: "method", TASKS_GROUP: "task source", ADDONS_GROUP: "add-on"}
+_LIST_HINT = {METHODS_GROUP: "clbench list methods", TASKS_GROUP: "clbench list tasks",
+              ADDONS_GROUP: "clbench list addons"}
 
 
 class PluginError(UserError):
@@ -139,10 +142,12 @@ def using_entry_points(source: EntryPointSource) -> Iterator[None]:
 @contextmanager
 def extra_plugins(methods: Mapping[str, type] | None = None,
                   tasks: Mapping[str, type] | None = None,
-                  distribution: str = "test-plugins") -> Iterator[None]:
+                  distribution: str = "test-plugins",
+                  addons: Mapping[str, type] | None = None) -> Iterator[None]:
     """Add in-memory plugins on top of the current ones for the duration of the block."""
     base = _source
-    added = {METHODS_GROUP: dict(methods or {}), TASKS_GROUP: dict(tasks or {})}
+    added = {METHODS_GROUP: dict(methods or {}), TASKS_GROUP: dict(tasks or {}),
+             ADDONS_GROUP: dict(addons or {})}
 
     def source(group: str) -> list[Any]:
         extra = [StaticEntryPoint(name, group, target, distribution)
@@ -278,6 +283,9 @@ def _load_class(group: str, name: str) -> type:
         reason = (f"{ep.value} is not a subclass of {expected.__module__}."
                   f"{expected.__qualname__}")
         raise PluginError(f"{kind} {name!r} from distribution {dist}: {reason}.", reason=reason)
+    if group == METHODS_GROUP and not _trains(obj):
+        reason = f"{ep.value} implements neither hooks(ctx) nor train_stage(ctx)"
+        raise PluginError(f"{kind} {name!r} from distribution {dist}: {reason}.", reason=reason)
     undocumented = _undocumented_fields(group, obj)
     if undocumented:
         reason = (f"{ep.value}: {'field' if len(undocumented) == 1 else 'fields'} "
@@ -289,7 +297,14 @@ def _load_class(group: str, name: str) -> type:
     return obj
 
 
-_PARAMS_ATTR = {METHODS_GROUP: "Config", TASKS_GROUP: "Params"}
+_PARAMS_ATTR = {METHODS_GROUP: "Config", TASKS_GROUP: "Params", ADDONS_GROUP: "Config"}
+
+
+def _trains(cls: type) -> bool:
+    """Whether a method class says how it trains: its step hooks or its whole stage."""
+    from clbench.train.api import Method
+
+    return cls.hooks is not Method.hooks or cls.train_stage is not Method.train_stage  # type: ignore[attr-defined]
 
 
 def _undocumented_fields(group: str, cls: type) -> list[str]:
@@ -321,6 +336,10 @@ def _base_class(group: str) -> type:
         from clbench.train.api import Method
 
         return Method
+    if group == ADDONS_GROUP:
+        from clbench.train.addons import AddOn
+
+        return AddOn
     from clbench.tasks.base import TaskSource
 
     return TaskSource
@@ -363,6 +382,11 @@ def load_task_class(name: str) -> type[TaskSource]:
     return _load_class(TASKS_GROUP, name)
 
 
+def load_addon_class(name: str) -> type[AddOn]:
+    """The add-on class registered as `name` in `clbench.addons`."""
+    return _load_class(ADDONS_GROUP, name)
+
+
 # ---------------------------------------------------------------------------------------------
 # Parameters and construction
 # ---------------------------------------------------------------------------------------------
@@ -399,6 +423,20 @@ def build_method(spec: MethodSpec, where: str = "method.params") -> Method:
     """Instantiate the method of `spec` with its validated config."""
     config = validate_method_params(spec.name, spec.params, where)
     return load_method_class(spec.name)(config)
+
+
+def validate_addon_params(name: str, params: dict[str, Any] | None,
+                          where: str = "addons") -> AddOnConfig:
+    """Validate `params` against add-on `name`'s `Config`; errors carry `where.field`."""
+    return _validate_params(load_addon_class(name).Config, params, where,
+                            f"clbench addons show {name}")
+
+
+def build_addons(specs: Sequence[AddOnSpec]) -> list[AddOn]:
+    """The run's add-ons, in order, each with its validated config."""
+    return [load_addon_class(s.name)(validate_addon_params(s.name, s.params,
+                                                           f"addon.{s.name}"))
+            for s in specs]
 
 
 def build_task(spec: TaskSpec, where: str = "stages[0].task.params") -> TaskSource:

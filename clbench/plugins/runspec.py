@@ -3,8 +3,9 @@
 Where :mod:`clbench.spec.suites` reads a suite as data, this module asks the installed plugins:
 does every task source exist and accept its parameters (and can an offline source give the
 items asked of it), does every method in the suite's `methods:` block accept its settings, is
-the model name one clbench can load. :func:`build_run_spec` puts one run together from a suite,
-a method, a seed and `--set` overrides, validated exactly as a file is.
+the model name one clbench can load. :func:`build_run_spec` puts one run together from its
+:class:`~clbench.spec.options.RunOptions` (a suite, a method and its add-ons, a seed, `--set`
+overrides), validated exactly as a file is.
 """
 
 from __future__ import annotations
@@ -19,8 +20,18 @@ from pydantic import BaseModel, ValidationError
 from clbench.errors import UserError
 from clbench.models import absolute_model_name, check_model_name
 from clbench.plugins import registry
+from clbench.spec.options import RunOptions
 from clbench.spec.reading import SpecError, describe_validation_error, placed, validate_model
-from clbench.spec.schema import MethodSpec, ModelSpec, RunSpec, SuiteSpec, TaskSpec, joint_stage
+from clbench.spec.schema import (
+    AddOnSpec,
+    MethodSpec,
+    ModelSpec,
+    RunSpec,
+    SuiteSpec,
+    TaskSpec,
+    joint_stage,
+    run_folder_name,
+)
 from clbench.spec.suites import (
     apply_overrides,
     default_out_dir,
@@ -106,68 +117,104 @@ def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | No
 
 
 def method_settings_problems(suite: SuiteSpec) -> list[str]:
-    """Problems of the suite's `methods:` block, one line each, named by path: a method that is
-    not installed, a field its config does not take, a value it refuses."""
+    """Problems of the suite's `methods:` block and `addons:` list, one line each, named by
+    path: a method or add-on that is not installed, a field its config does not take, a value
+    it refuses."""
     problems = []
     for name, params in suite.methods.items():
-        try:
-            registry.validate_method_params(name, params, where=f"methods.{name}")
-        except registry.PluginError as exc:
-            problems.append(f"methods.{name}: {exc}")
-        except SpecError as exc:
-            problems += str(exc).splitlines()
+        problems += _plugin_problems(registry.validate_method_params, name, params,
+                                     f"methods.{name}")
+    for i, addon in enumerate(suite.addons):
+        problems += _plugin_problems(registry.validate_addon_params, addon.name, addon.params,
+                                     f"addons[{i}]")
     return problems
 
 
-def build_run_spec(suite_ref: str | os.PathLike[str], method_name: str, seed: int = 0,
-                   out_dir: str | os.PathLike[str] | None = None,
-                   overrides: Sequence[str] = (), model: str | None = None,
-                   device: str = "auto", reuse_base_row: bool = True,
-                   checkpoint_minutes: float = 15.0, joint: bool = False,
-                   trust_remote_code: bool = False) -> RunSpec:
-    """Everything one run needs, validated: suite (with overrides), method, model, seed.
+def _plugin_problems(validate: Any, name: str, params: Any, where: str) -> list[str]:
+    try:
+        validate(name, params, where=where)
+    except registry.PluginError as exc:
+        return [f"{where}: {exc}"]
+    except SpecError as exc:
+        return str(exc).splitlines()
+    return []
 
-    A model's own code runs only with `trust_remote_code` (the CLI's --trust-remote-code): a
-    suite or an override that sets `model.trust_remote_code` is refused, so no file a user
-    was handed runs code."""
-    method_sets, model_sets, suite_sets = split_overrides(overrides)
-    path = resolve_suite(suite_ref)
-    suite = load_suite(path, suite_sets)
-    validate_suite_plugins(suite, override_source(path, suite_sets))
 
-    model_data = suite.model.model_dump()
-    if model is not None:
-        model_data["name"] = model
-    model_data = apply_overrides(model_data, model_sets)
-    model_spec = _validate_at(ModelSpec, model_data, "model")
-    if model_spec.trust_remote_code:
-        raise SpecError("model.trust_remote_code: a suite or an override cannot let a model "
-                        "run its own code; pass --trust-remote-code to clbench run or sweep "
-                        "if you trust the model's repository")
-    model_spec = model_spec.model_copy(update={"trust_remote_code": trust_remote_code})
-    if model_spec.name != suite.model.name:  # the suite's own was checked with the suite
-        try:
-            check_model_name(model_spec.name)
-        except SpecError as exc:
-            raise SpecError(f"{'--model' if model is not None else 'model.name'}: {exc}") \
-                from None
-    model_spec = model_spec.model_copy(update={"name": absolute_model_name(model_spec.name)})
+def build_run_spec(options: RunOptions) -> RunSpec:
+    """Everything one run needs, validated: suite (with overrides), method and add-ons, model,
+    seed.
 
-    params = method_settings(suite, method_name, method_sets)
-    registry.validate_method_params(method_name, params, where="method")
-    out = os.fspath(out_dir) if out_dir is not None else default_out_dir(
-        suite.name, method_name + ("-joint" if joint else ""), seed)
-    if joint:
+    A model's own code runs only with `options.trust_remote_code` (the CLI's
+    --trust-remote-code): a suite or an override that sets `model.trust_remote_code` is
+    refused, so no file a user was handed runs code."""
+    routed = split_overrides(options.sets)
+    path = resolve_suite(options.suite)
+    suite = load_suite(path, routed.suite)
+    validate_suite_plugins(suite, override_source(path, routed.suite))
+    model_spec = _run_model(suite, options, routed.model)
+    # the configs in force, defaults included: validated here once, recorded as they are
+    params = registry.validate_method_params(
+        options.method, method_settings(suite, options.method, routed.method),
+        where="method").model_dump(mode="json")
+    addons = run_addons(suite, options.addons, routed.addons)
+    out = options.out_dir if options.out_dir is not None else default_out_dir(
+        suite.name, run_folder_name(options.method, [a.name for a in addons], options.joint),
+        options.seed)
+    if options.joint:
         try:
             joint_stage(suite.stages)
         except ValueError as exc:
             raise SpecError(f"--joint: {exc}") from None
     return validate_model(RunSpec, {
-        "suite": suite, "method": MethodSpec(name=method_name, params=params),
-        "model": model_spec, "seed": seed, "out_dir": out, "device": device,
-        "suite_file": str(path), "reuse_base_row": reuse_base_row,
-        "checkpoint_minutes": checkpoint_minutes, "joint": joint,
+        "suite": suite, "method": MethodSpec(name=options.method, params=params),
+        "addons": addons, "model": model_spec, "seed": options.seed, "out_dir": out,
+        "device": options.device, "suite_file": str(path),
+        "reuse_base_row": options.reuse_base_row,
+        "checkpoint_minutes": options.checkpoint_minutes, "joint": options.joint,
     }, "run")
+
+
+def _run_model(suite: SuiteSpec, options: RunOptions, sets: list[str]) -> ModelSpec:
+    """The run's model: the suite's, another named by --model, `model.X` overrides."""
+    model_data = suite.model.model_dump()
+    if options.model is not None:
+        model_data["name"] = options.model
+    model_data = apply_overrides(model_data, sets)
+    model_spec = _validate_at(ModelSpec, model_data, "model")
+    if model_spec.trust_remote_code:
+        raise SpecError("model.trust_remote_code: a suite or an override cannot let a model "
+                        "run its own code; pass --trust-remote-code to clbench run or sweep "
+                        "if you trust the model's repository")
+    model_spec = model_spec.model_copy(update={"trust_remote_code": options.trust_remote_code})
+    if model_spec.name != suite.model.name:  # the suite's own was checked with the suite
+        try:
+            check_model_name(model_spec.name)
+        except SpecError as exc:
+            raise SpecError(f"{'--model' if options.model is not None else 'model.name'}: "
+                            f"{exc}") from None
+    return model_spec.model_copy(update={"name": absolute_model_name(model_spec.name)})
+
+
+def run_addons(suite: SuiteSpec, named: Sequence[str], sets: dict[str, list[str]]
+               ) -> list[AddOnSpec]:
+    """The run's add-ons: the suite's `addons:` list, then each `--addon` not in it, with the
+    `--set addon.NAME.X` overrides on top of their settings, each validated against its
+    add-on's config."""
+    addons = [a.model_copy(deep=True) for a in suite.addons]
+    for name in named:
+        if name not in [a.name for a in addons]:
+            addons.append(AddOnSpec(name=name))
+    listed = [a.name for a in addons]
+    unused = [name for name in sets if name not in listed]
+    if unused:
+        raise SpecError(f"--set addon.{unused[0]}.*: the run has no add-on {unused[0]!r} (its "
+                        f"add-ons: {', '.join(listed) or 'none'}); add --addon {unused[0]}")
+    for addon in addons:
+        params = apply_overrides(addon.params, sets.get(addon.name, []),
+                                 example=f"addon.{addon.name}.FIELD=VALUE")
+        addon.params = registry.validate_addon_params(
+            addon.name, params, where=f"addon.{addon.name}").model_dump(mode="json")
+    return addons
 
 
 def _validate_at(model: type[BaseModel], data: dict[str, Any], prefix: str) -> Any:

@@ -56,29 +56,40 @@ def _versions_key(result: RunResult) -> str:
     return "+" + hashlib.sha256(json.dumps(versions).encode()).hexdigest()[:6]
 
 
+def recorded_settings(result: RunResult) -> Any:
+    """A run's settings as one mapping: its method config as the installed method reads it,
+    then each add-on's config under `NAME.FIELD` (as written when the method's config is not
+    a mapping)."""
+    from clbench.run.rundir import method_config_as_read
+
+    config = method_config_as_read(result.method.name, result.method.config)
+    if not isinstance(config, dict):
+        return config
+    return {**config, **{f"{a.name}.{k}": v for a in result.addons for k, v in a.config.items()}}
+
+
 def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
     """The complete runs, by suite and method setting: `{suite key: {label: runs}}`.
 
-    Runs of one method under different settings (e.g. another `lr`) are apart, each labelled
-    with the settings that tell it apart; settings are read as the installed method reads them,
-    so a run from before a field was added groups by what it did. A run found twice (the same
-    results in two places) counts once; two different runs of one seed are refused."""
-    from clbench.run.rundir import method_config_as_read
-
+    An entry is a method with its add-ons (`sdpo+ewc`); runs of one under different settings
+    (e.g. another `lr`, another replay fraction) are apart, each labelled with the settings
+    that tell it apart; settings are read as the installed method reads them, so a run from
+    before a field was added groups by what it did. A run found twice (the same results in two
+    places) counts once; two different runs of one seed are refused."""
     entries = []
     configs: dict[tuple[str, str], dict[str, Any]] = {}
     for where, r in found:
         if r.status != "complete" or r.joint:  # a joint run is a reference, not a contender
             continue
         suite = f"{r.suite.get('name')}:{suite_hash_as_read(r)[:15]}{_versions_key(r)}"
-        config = method_config_as_read(r.method.name, r.method.config)
+        config = recorded_settings(r)
         key = json.dumps(config, sort_keys=True, default=str)
-        configs.setdefault((suite, r.method.name), {})[key] = config
+        configs.setdefault((suite, r.entry_name()), {})[key] = config
         entries.append((suite, key, where, r))
     groups: Groups = {}
     seen: dict[tuple[str, str, int], tuple[Path, RunResult]] = {}
     for suite, key, where, r in entries:
-        label = _setting_label(r.method.name, key, configs[(suite, r.method.name)])
+        label = _setting_label(r.entry_name(), key, configs[(suite, r.entry_name())])
         if (suite, label, r.seed) in seen:
             first, earlier = seen[(suite, label, r.seed)]
             if earlier.model_dump() == r.model_dump():
@@ -173,7 +184,7 @@ def settings_in_force(result: RunResult) -> dict[str, Any] | None:
     """The run's method settings that differ from the installed method's defaults (from the
     suite's `methods:` block or `--set method.X`), read as the installed method reads them; None
     when the method is not installed or no longer reads them (the recorded config then stands
-    as written in results.json)."""
+    as written in results.json). Add-ons' settings: :func:`addon_settings_in_force`."""
     from pydantic import ValidationError
 
     from clbench.plugins import registry
@@ -189,14 +200,41 @@ def settings_in_force(result: RunResult) -> dict[str, Any] | None:
     return {k: v for k, v in config.items() if v != defaults[k]}
 
 
+def addon_settings_in_force(result: RunResult) -> dict[str, dict[str, Any]]:
+    """Per add-on of the run, its settings that differ from the installed add-on's defaults
+    (all of them as recorded when it is not installed or does not read them)."""
+    from pydantic import ValidationError
+
+    from clbench.plugins import registry
+
+    out = {}
+    for addon in result.addons:
+        try:
+            defaults = registry.load_addon_class(addon.name).Config().model_dump(mode="json")
+        except (UserError, ValidationError):
+            out[addon.name] = dict(addon.config)
+            continue
+        out[addon.name] = {k: v for k, v in addon.config.items() if defaults.get(k) != v}
+    return out
+
+
 def settings_line(result: RunResult) -> str:
-    """`method settings: lr=3e-06, ...`, `the method's defaults`, or where they are recorded."""
+    """`lr=3e-06, ...`, `the method's defaults`, or where they are recorded; then each add-on's
+    (`; replay: fraction=0.5`, `; ewc: its defaults`)."""
     settings = settings_in_force(result)
     if settings is None:
-        return f"{result.method.name}'s settings as recorded in results.json (not readable by " \
-            "the installed method)"
-    if not settings:
-        return f"{result.method.name}'s defaults"
+        line = f"{result.method.name}'s settings as recorded in results.json (not readable " \
+            "by the installed method)"
+    elif not settings:
+        line = f"{result.method.name}'s defaults"
+    else:
+        line = _assignments(settings)
+    for name, addon in addon_settings_in_force(result).items():
+        line += f"; {name}: {_assignments(addon) if addon else 'its defaults'}"
+    return line
+
+
+def _assignments(settings: dict[str, Any]) -> str:
     return ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in settings.items())
 
 

@@ -29,7 +29,7 @@ def joint_reference(run: RunResult, joint_runs: Sequence[RunResult]
                 and _setting(j) == _setting(run)):
             continue
         if j.seed in same and same[j.seed].model_dump() != j.model_dump():
-            raise UserError(f"two different joint runs of {j.method.name} seed {j.seed} are "
+            raise UserError(f"two different joint runs of {j.entry_name()} seed {j.seed} are "
                             "references of the same runs; name one of them")
         same[j.seed] = j  # the same run found twice counts once
     if not same:
@@ -43,14 +43,16 @@ def joint_reference(run: RunResult, joint_runs: Sequence[RunResult]
 
 
 def _setting(r: RunResult) -> tuple[str, str, str, str]:
-    """What a joint run must share with the runs it is the reference of: suite content, method,
-    method setting and model, as read now (fields added since at what the run did)."""
-    from clbench.report.comparison import suite_hash_as_read
-    from clbench.run.rundir import method_config_as_read, model_as_read
+    """What a joint run must share with the runs it is the reference of: suite content, method
+    and add-ons, their settings and model, as read now (fields added since at what the run
+    did)."""
+    from clbench.report.comparison import recorded_settings, suite_hash_as_read
+    from clbench.run.rundir import model_as_read
 
     model = model_as_read(r.model.spec)
-    config = method_config_as_read(r.method.name, r.method.config)
-    return (suite_hash_as_read(r), r.method.name, json.dumps(config, sort_keys=True, default=str),
+    config = recorded_settings(r)
+    return (suite_hash_as_read(r), r.entry_name(),
+            json.dumps(config, sort_keys=True, default=str),
             json.dumps(model, sort_keys=True, default=str))
 
 

@@ -48,7 +48,7 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 def run_title(result: RunResult) -> str:
     """`suite / method / seed N`, marked when the run is a joint reference."""
     joint = " (joint reference)" if result.joint else ""
-    return f"{result.suite.get('name')} / {result.method.name}{joint} / seed {result.seed}"
+    return f"{result.suite.get('name')} / {result.entry_name()}{joint} / seed {result.seed}"
 
 
 def matrix_table(result: RunResult) -> Any:
@@ -216,8 +216,8 @@ def report(run_dirs: Sequence[str | Path], as_json: bool = False,
         for line in mixed:
             console.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
     data = {"runs": [{"dir": str(d), "suite": r.suite.get("name"), "method": r.method.name,
-                      "seed": r.seed, "joint": r.joint, "status": r.status,
-                      "row_labels": r.row_labels,
+                      "addons": [a.name for a in r.addons], "seed": r.seed, "joint": r.joint,
+                      "status": r.status, "row_labels": r.row_labels,
                       "columns": [c.name for c in r.columns], "matrix": r.score_matrix(),
                       "metrics": {k: v.value for k, v in r.metrics.items()},
                       "diagnostics": [{"stage": s.index, **s.diagnostics} for s in r.stages
@@ -310,13 +310,16 @@ def _params(params: dict[str, Any]) -> str:
     return " ".join(f"{k}={json.dumps(v, default=str)}" for k, v in params.items())
 
 
-def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> None:
-    """The validated plan of a run: stages and budgets, columns, model, method config."""
+def print_plan(console: Console, run: Any) -> None:
+    """The validated plan of a run: stages and budgets, columns, model, method config and the
+    add-ons'."""
     suite = run.suite
     console.print(f"[bold]suite[/] {escape(suite.name)} v{escape(suite.version)} "
                   f"({escape(run.suite_file or '')})  hash {suite.content_hash()[:19]}",
                   soft_wrap=True)
-    console.print(f"[bold]method[/] {escape(run.method.name)}  [bold]seed[/] {run.seed}  "
+    console.print(f"[bold]method[/] {escape(run.method.name)}"
+                  + "".join(f" + {escape(a.name)}" for a in run.addons)
+                  + f"  [bold]seed[/] {run.seed}  "
                   f"[bold]device[/] {escape(run.device)}  [bold]out[/] {escape(run.out_dir)}"
                   + ("  [bold]joint reference run[/]" if run.joint else ""), soft_wrap=True)
     model = run.model
@@ -371,8 +374,11 @@ def print_plan(console: Console, run: Any, method_config: dict[str, Any]) -> Non
     console.print(f"[bold]metrics[/] {metrics}; decoding "
                   f"temperature {suite.protocol.decoding.temperature:g}, max new tokens "
                   f"{suite.protocol.decoding.max_new_tokens}", soft_wrap=True)
-    console.print("[bold]method config[/] " + escape(json.dumps(method_config, default=str)),
+    console.print("[bold]method config[/] " + escape(json.dumps(run.method.params, default=str)),
                   soft_wrap=True)
+    for addon in run.addons:
+        console.print(f"[bold]add-on[/] {escape(addon.name)} "
+                      + escape(json.dumps(addon.params, default=str)), soft_wrap=True)
 
 
 def print_resolution(console: Console, resolved: dict[str, Any]) -> None:

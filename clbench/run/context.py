@@ -7,7 +7,7 @@ row (:mod:`clbench.run.rows`) take it instead of a dozen parameters each.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from clbench.progress import AnyProgress
     from clbench.run.rows import ColumnPlan
     from clbench.spec.schema import RunSpec
+    from clbench.tasks.base import TaskSource
+    from clbench.train.addons import AddOn
     from clbench.train.distributed import Distributed
 
 
@@ -48,6 +50,8 @@ class RunContext:
     train_model: Any = None
     console: Console | None = None
     on_saved: Callable[[], None] = field(default=_nothing)
+    tasks: Mapping[str, TaskSource] = field(default_factory=dict)  # stream tasks by stage
+    addons: Sequence[AddOn] = ()  # the run's add-ons, in the order they compose
 
     @property
     def is_main(self) -> bool:

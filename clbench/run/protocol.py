@@ -34,12 +34,14 @@ seeds is :mod:`clbench.sweep.grid`; tables live in :mod:`clbench.report.runs`.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import logging
 import os
 import shlex
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -93,11 +95,13 @@ from clbench.run.stages import keep_trained_stage, train_stage, trained_report
 from clbench.seeding import derive_seed, seed_everything
 from clbench.spec.schema import RunSpec
 from clbench.tasks.base import TaskSizeError
+from clbench.train.api import STAGE_KEY
 from clbench.train.cpu import release_free_memory
 
 if TYPE_CHECKING:
     from clbench.run.estimate import RunEstimate
     from clbench.tasks.base import Example, TaskSource
+    from clbench.train.addons import AddOn
     from clbench.train.api import Method
     from clbench.train.distributed import Distributed
 
@@ -156,10 +160,10 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
     console = console or Console(quiet=True)
     run_dir = Path(run.out_dir)
     method = registry.build_method(run.method)
-    method_config = method.config.model_dump(mode="json")
-    identity = run_identity(run, method_config)
+    addons = registry.build_addons(run.addons)
+    identity = run_identity(run)
     dist = make_distributed(run)
-    check_sharding_support(run, method, dist)
+    check_sharding_support(run, method, addons, dist)
     if not dist.is_main:
         console = Console(quiet=True)
     def already_complete(previous: RunResult | None) -> bool:
@@ -204,8 +208,7 @@ def execute(run: RunSpec, resume: bool = False, console: Console | None = None) 
             atomic_write_json(run_dir / IDENTITY_FILE, identity)
             handler = _attach_log(run_dir)
         dist.wait()
-        return _execute(run, run_dir, method, method_config, previous, console, dist, model,
-                        items)
+        return _execute(run, run_dir, (method, addons), previous, console, dist, model, items)
     finally:
         if handler is not None:
             logging.getLogger("clbench").removeHandler(handler)
@@ -280,6 +283,7 @@ class _Items(NamedTuple):
     plans: list[ColumnPlan]  # every column's eval items (or lm-eval probe)
     stage_tasks: list[TaskSource]  # what each of `run.training_stages()` trains on
     train_sets: list[list[Example] | None]  # each one's training items (None: stage done)
+    tasks: dict[str, TaskSource]  # every stream stage's task by name (replayed items' graders)
 
 
 def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
@@ -294,19 +298,23 @@ def _draw_items(run: RunSpec, first_stage: int = 1) -> _Items:
             train_sets.append(None)
             continue
         try:
-            train_sets.append(task.examples("train", spec.task.seed, spec.task.train_size))
+            drawn = task.examples("train", spec.task.seed, spec.task.train_size)
         except TaskSizeError as exc:
             raise TaskSizeError(f"stage {spec.name!r} (stages[{i}].task.train_size="
                                 f"{spec.task.train_size}): {exc}") from None
         except UserError as exc:
             raise UserError(f"stage {spec.name!r} (stages[{i}].task): {exc}") from None
+        # each item knows its stage, so that replayed in a later one it is graded by its task
+        train_sets.append([dataclasses.replace(e, metadata={**e.metadata, STAGE_KEY: spec.name})
+                           for e in drawn])
+    tasks = {spec.name: task for spec, task in zip(run.suite.stages, stage_tasks)}
     if run.joint:  # one stage over every stage's items
         seeds = [s.task.seed for s in run.suite.stages]
         mixed = mixed_train_set(train_sets, seeds)  # type: ignore[arg-type]
         caps = [s.budget.max_new_tokens for s in run.suite.stages]
         return _Items(plans, [MixedTasks(stage_tasks, caps)],
-                      [mixed if first_stage <= 1 else None])
-    return _Items(plans, stage_tasks, train_sets)
+                      [mixed if first_stage <= 1 else None], {})
+    return _Items(plans, stage_tasks, train_sets, tasks)
 
 
 def _load_model(run: RunSpec, dist: Distributed) -> tuple[Any, Any]:
@@ -315,16 +323,22 @@ def _load_model(run: RunSpec, dist: Distributed) -> tuple[Any, Any]:
     return dist.load_model(run.model, seed=run.seed)
 
 
-def check_sharding_support(run: RunSpec, method: Method, dist: Distributed) -> None:
-    """Refuse a sharded launch (FSDP2) of a method that has not declared it trains through
-    `train_model` alone (:attr:`clbench.train.api.Method.supports_sharding`): its gradients
-    would reach the plain copy of the student, which nothing trains."""
-    # declared by the method's own class: a subclass may train differently from its parent
-    if dist.sharding is not None and not vars(type(method)).get("supports_sharding", False):
-        raise UserError(f"the method {run.method.name!r} does not support sharded training "
-                        f"({dist.sharding}, from the accelerate config): launch it without "
-                        "FSDP (data parallel, or one process), or see docs/plugins.md for "
-                        "what a method must do to declare `supports_sharding`")
+def check_sharding_support(run: RunSpec, method: Method, addons: Sequence[AddOn],
+                           dist: Distributed) -> None:
+    """Refuse a sharded launch (FSDP2) of a method or add-on that has not declared it trains
+    through `train_model` alone (:attr:`clbench.train.api.Method.supports_sharding`): its
+    gradients would reach the plain copy of the student, which nothing trains."""
+    if dist.sharding is None:
+        return
+    named = [(f"the method {run.method.name!r}", method)]
+    named += [(f"the add-on {spec.name!r}", addon) for spec, addon in zip(run.addons, addons)]
+    for what, plugin in named:
+        # declared by the plugin's own class: a subclass may train differently from its parent
+        if not vars(type(plugin)).get("supports_sharding", False):
+            raise UserError(f"{what} does not support sharded training ({dist.sharding}, from "
+                            "the accelerate config): launch it without FSDP (data parallel, "
+                            "or one process), or see docs/plugins.md for what a plugin must "
+                            "do to declare `supports_sharding`")
 
 
 def warn_if_another_checkout(name: str, origin: registry.Origin) -> None:
@@ -353,10 +367,11 @@ def make_distributed(run: RunSpec) -> Distributed:
     return dist
 
 
-def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[str, Any],
+def _execute(run: RunSpec, run_dir: Path, trainee: tuple[Method, list[AddOn]],
              previous: RunResult | None, console: Console, dist: Distributed,
              loaded: tuple[Any, Any], items: _Items) -> RunResult:
     device, main = dist.device, dist.is_main
+    method, addons = trainee
     model, tokenizer = loaded
     plans = items.plans
     origin = registry.plugin_origin(registry.METHODS_GROUP, run.method.name)
@@ -364,11 +379,12 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
         warn_if_another_checkout(run.method.name, origin)
     sources = [s.task.source for s in run.suite.stages] + [p.task.source for p in run.suite.probes
                                                            if p.task is not None]
-    result = previous or new_result(run, method_config, origin,
-                                    {s: registry.load_task_class(s).version for s in sources})
+    result = previous or new_result(
+        run, origin, {s: registry.load_task_class(s).version for s in sources},
+        [registry.plugin_origin(registry.ADDONS_GROUP, a.name) for a in run.addons])
     # every setting as this session runs it (fields added since the run began included: the
     # run directory's check made sure they do what the run did)
-    result.method.config = method_config
+    result.method.config = dict(run.method.params)
     result.status, result.error = "partial", None  # a failed run that is resumed is partial again
     clock = KeptTime(run_dir, len(result.matrix), write=main)
     if clock.carried_peak:  # a stopped sitting's peak, kept at its last save point
@@ -386,7 +402,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     if main and (drift is not None or diagnostics.response_drift.enabled) and \
             not any((run_dir / "checkpoints").glob("stage*")):
         keep_base_weights(run_dir, model)  # nothing trained yet: the model is the base model
-    trained, resume = _restore(run, run_dir, result, model, method, console)
+    trained, resume = _restore(run, run_dir, result, model, (method, addons), console)
     # once per run (DDP keeps its buffers), on the weights the run continues from: a sharded
     # student is a copy of them
     train_model = dist.prepare_student(model)
@@ -400,7 +416,8 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
         with run_progress(console, disable=not main) as progress, dist.autocast():
             ctx = RunContext(run=run, run_dir=run_dir, model=model, tokenizer=tokenizer,
                              progress=progress, plans=plans, stamp=stamp, dist=dist,
-                             train_model=train_model, console=console, on_saved=saved)
+                             train_model=train_model, console=console, on_saved=saved,
+                             tasks=items.tasks, addons=addons)
             if not result.matrix:
                 seed_everything(derive_seed(run.seed, 0))
                 result.matrix.append(base_row(ctx, result))
@@ -427,7 +444,7 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
                         report.extra["weight_drift"] = drift.after_stage(stage, model)
                         report.wall_time["weight_drift"] = drift.seconds
                     if main:
-                        keep_trained_stage(run_dir, stage, report, model, method)
+                        keep_trained_stage(run_dir, stage, report, model, method, addons)
                         saved()
                     dist.wait()
                 seed_everything(derive_seed(run.seed, stage, "eval"))
@@ -496,8 +513,9 @@ def _execute(run: RunSpec, run_dir: Path, method: Method, method_config: dict[st
     return result
 
 
-def _restore(run: RunSpec, run_dir: Path, result: RunResult, model: Any, method: Method,
-             console: Console) -> tuple[int | None, dict[str, Any] | None]:
+def _restore(run: RunSpec, run_dir: Path, result: RunResult, model: Any,
+             trainee: tuple[Method, list[AddOn]], console: Console
+             ) -> tuple[int | None, dict[str, Any] | None]:
     """Load what a resumed run continues from and say so; (the stage trained before the stop
     whose evaluation continues, or None; the progress of a stage stopped in the middle of its
     training, or None). A fresh run loads nothing."""
@@ -506,13 +524,14 @@ def _restore(run: RunSpec, run_dir: Path, result: RunResult, model: Any, method:
     going = bool(result.matrix) and done < len(stages)
     trained = done + 1 if going and has_checkpoint(run_dir, done + 1) else None
     partial = progress_checkpoint(run_dir, done + 1) if going and not trained else None
+    method, addons = trainee
     resume, news = None, ""
     if partial:
         resume = load_progress_checkpoint(partial[1], model, method)
         news = (f"stage {done + 1} continues after step {partial[0]} of "
                 f"{stages[done].budget.steps}")
     elif trained or done:
-        load_checkpoint(run_dir, trained or done, model, method)
+        load_checkpoint(run_dir, trained or done, model, method, addons)
         if trained:
             news = f"stage {trained} was trained before the stop, its evaluation continues"
     else:

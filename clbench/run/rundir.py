@@ -25,12 +25,14 @@ from typing import IO, TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_dir, lock_is_held, try_file_lock
 from clbench.errors import UserError
+from clbench.migrations import progress_state
 from clbench.models import absolute_model_name
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 from clbench.seeding import rng_states
 from clbench.spec.schema import MEASURED_EXCLUDES, ModelSpec, RunSpec, SuiteSpec
 
 if TYPE_CHECKING:
+    from clbench.train.addons import AddOn
     from clbench.train.api import Method
 
 IDENTITY_FILE = "run.json"
@@ -48,13 +50,18 @@ class RunDirError(UserError):
 # Run directory: identity and refusal
 # ---------------------------------------------------------------------------------------------
 
-def run_identity(run: RunSpec, method_config: dict[str, Any]) -> dict[str, Any]:
-    """What makes two runs the same run: suite content, method and config, model, seed."""
+def run_identity(run: RunSpec) -> dict[str, Any]:
+    """What makes two runs the same run: suite content, method and config (the config in
+    force: :func:`clbench.plugins.runspec.build_run_spec` records it whole), add-ons and
+    theirs, model, seed."""
     identity = {"suite": run.suite.name, "suite_hash": run.suite.content_hash(),
                 "suite_spec": run.suite.model_dump(mode="json"),
-                "method": run.method.name, "method_config": method_config,
+                "method": run.method.name, "method_config": run.method.params,
                 "model": run.model.model_dump(mode="json"), "seed": run.seed}
-    if run.joint:  # only then: the identities of runs made before joint runs existed match
+    # only when there are some: the identities of runs made before these existed match
+    if run.addons:
+        identity["addons"] = [a.model_dump(mode="json") for a in run.addons]
+    if run.joint:
         identity["joint"] = True
     return identity
 
@@ -325,10 +332,12 @@ def _short(value: Any) -> str:
 # Checkpoints
 # ---------------------------------------------------------------------------------------------
 
-def save_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> Path:
-    """Write `checkpoints/stage{stage}` atomically (:func:`clbench.atomic.atomic_dir`)."""
+def save_checkpoint(run_dir: Path, stage: int, model: Any, method: Method,
+                    addons: Sequence[AddOn] = ()) -> Path:
+    """Write `checkpoints/stage{stage}` atomically (:func:`clbench.atomic.atomic_dir`), with
+    the add-ons' state."""
     return _write_checkpoint(run_dir / "checkpoints" / f"stage{stage}", model, method,
-                             {"stage": stage})
+                             {"stage": stage, "addons": [a.state_dict() for a in addons]})
 
 
 def has_checkpoint(run_dir: Path, stage: int) -> bool:
@@ -336,13 +345,21 @@ def has_checkpoint(run_dir: Path, stage: int) -> bool:
     return (run_dir / "checkpoints" / f"stage{stage}" / "state.pt").is_file()
 
 
-def load_checkpoint(run_dir: Path, stage: int, model: Any, method: Method) -> None:
-    """Restore student weights and method state of `stage` (RNGs are re-seeded per stage)."""
+def load_checkpoint(run_dir: Path, stage: int, model: Any, method: Method,
+                    addons: Sequence[AddOn] = ()) -> None:
+    """Restore student weights, method and add-on state of `stage` (RNGs are re-seeded per
+    stage)."""
     folder = run_dir / "checkpoints" / f"stage{stage}"
     if not has_checkpoint(run_dir, stage):
         raise RunDirError(f"{run_dir}: results say stage {stage} is done but its checkpoint "
                           f"{folder} is missing; the run cannot be resumed")
-    _read_checkpoint(folder, model, method)
+    state = _read_checkpoint(folder, model, method)
+    saved = state.get("addons", [])
+    if len(saved) != len(addons):
+        raise RunDirError(f"{folder} holds the state of {len(saved)} add-ons, this run has "
+                          f"{len(addons)}; the run cannot be resumed")
+    for addon, addon_state in zip(addons, saved):
+        addon.load_state_dict(_to_device(addon_state, model.device))
 
 
 def save_progress_checkpoint(run_dir: Path, stage: int, step: int, model: Any, method: Method,
@@ -370,9 +387,12 @@ def progress_checkpoint(run_dir: Path, stage: int) -> tuple[int, Path] | None:
 
 def load_progress_checkpoint(folder: Path, model: Any, method: Method) -> dict[str, Any]:
     """Restore student weights and method state from a :func:`save_progress_checkpoint`
-    folder; returns the method's progress, with the RNG states under "rng"."""
+    folder; returns the training loop's progress (the add-ons' state in it, put back by the
+    loop once the stage has started), with the RNG states under "rng"."""
     state = _read_checkpoint(folder, model, method)
-    return {**state["progress"], "rng": state["rng"]}
+    progress = {**progress_state(state["progress"]), "rng": state["rng"]}
+    progress["hooks"] = _to_device(progress["hooks"], model.device)
+    return progress
 
 
 def _write_checkpoint(final: Path, model: Any, method: Method, extra: dict[str, Any]) -> Path:

@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_write_json
 from clbench.errors import RunFailed, UserError
+from clbench.plugins.registry import PluginError
 from clbench.run.rundir import (
     RunDirError,
     prune_checkpoints,
@@ -33,6 +34,7 @@ from clbench.seeding import derive_seed, seed_everything
 if TYPE_CHECKING:
     from clbench.run.context import RunContext
     from clbench.tasks.base import Example, TaskSource
+    from clbench.train.addons import AddOn
     from clbench.train.api import Method, StageReport
 
 log = logging.getLogger("clbench.run.protocol")
@@ -89,7 +91,8 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
         budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
         device=dist.device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
         dist=dist, train_model=train_model, save_progress=save_progress, resume=resume,
-        generation=run.model.generation, nonfinite_loss=run.suite.protocol.nonfinite_loss)
+        generation=run.model.generation, nonfinite_loss=run.suite.protocol.nonfinite_loss,
+        tasks=ctx.tasks, addons=ctx.addons)
     stage_ctx.work_dir.mkdir(parents=True, exist_ok=True)
     try:
         report = method.train_stage(stage_ctx)
@@ -102,6 +105,11 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
                         f"raised {type(exc).__name__}: {exc}. The traceback is in "
                         f"{run_dir / 'run.log'} (--debug prints it)") from exc
     check_stage_report(run.method.name, stage, total, report)
+    if ctx.addons and not stage_ctx.addons_applied:
+        raise PluginError(f"the method {run.method.name!r} trains a stage without clbench's "
+                          "training loop (it overrides train_stage), so the add-ons "
+                          f"{', '.join(repr(a.name) for a in ctx.addons)} cannot act on it; "
+                          "run it without add-ons")
     if resume:  # restore_loop empties it: a method that ignored it retrained from mid-stage
         raise RuntimeError(f"method {run.method.name!r} saved progress in the middle of stage "
                            f"{stage} but did not continue from it (ctx.resume); its training "
@@ -131,12 +139,12 @@ def check_stage_report(method: str, stage: int, steps: int, report: Any) -> None
 
 
 def keep_trained_stage(run_dir: Path, stage: int, report: StageReport, model: Any,
-                       method: Method) -> None:
+                       method: Method, addons: Sequence[AddOn] = ()) -> None:
     """Write the stage's report, then its checkpoint; prune the checkpoints before it."""
     atomic_write_json(report_path(run_dir, stage), {
         "steps": report.steps, "counters": report.counters, "wall_time": report.wall_time,
         "extra": report.extra}, indent=None)
-    save_checkpoint(run_dir, stage, model, method)
+    save_checkpoint(run_dir, stage, model, method, addons)
     prune_checkpoints(run_dir, stage)
 
 

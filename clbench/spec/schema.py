@@ -313,10 +313,43 @@ class ModelSpec(Spec):
         return value
 
 
-#: What a suite's content hash leaves out: prose, the per-method settings (a run's method config
-#: records those in force), the diagnostics (they measure R, they do not change it) and the
-#: generation engine (the same greedy tokens; like the device, how a machine runs the suite).
-MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True,
+class AddOnSpec(Spec):
+    """A continual-learning add-on: a plugin from the `clbench.addons` group and its settings.
+    In a suite's `addons:` list a bare name stands for the add-on at its defaults."""
+
+    name: str = Field(min_length=1, description="Add-on name (see `clbench list addons`), "
+                      "e.g. `replay`.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Add-on settings, "
+                                   "validated against the add-on's config "
+                                   "(`clbench addons show NAME`).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_name(cls, data: Any) -> Any:
+        return {"name": data} if isinstance(data, str) else data
+
+
+def unique_addons(addons: list[AddOnSpec]) -> list[AddOnSpec]:
+    """`addons` refused (ValueError) when one name is listed twice: each add-on acts once."""
+    names = [a.name for a in addons]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"add-on {twice[0]!r} is listed twice; list each add-on once (its "
+                         "settings in one entry)")
+    return addons
+
+
+def entry_name(method: str, addons: list[str] | tuple[str, ...] = ()) -> str:
+    """What a run's method with its add-ons is called in folders, tables and the leaderboard:
+    `sdpo`, `sdpo+ewc`, `grpo+replay+lwf` (the add-ons in the order they compose)."""
+    return "+".join([method, *addons])
+
+
+#: What a suite's content hash leaves out: prose, the per-method settings and the add-ons (a run
+#: records those in force with its method), the diagnostics (they measure R, they do not change
+#: it) and the generation engine (the same greedy tokens; like the device, how a machine runs
+#: the suite).
+MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True, "addons": True,
                                      "model": {"generation": True},
                                      "protocol": {"diagnostics": True}}
 
@@ -346,6 +379,17 @@ class SuiteSpec(Spec):
         "method's config (`clbench methods show NAME`); `--set method.X` wins over it. A run "
         "records the settings in force in its method config; they are not part of the suite's "
         "hash.")
+    addons: list[AddOnSpec] = Field(
+        default_factory=list, description="Continual-learning add-ons applied to every run of "
+        "the suite, in the order they compose, e.g. `[replay, {name: ewc, params: "
+        "{strength: 100}}]` (`clbench list addons`); `--addon NAME` appends one and `--set "
+        "addon.NAME.FIELD=V` sets a field. A run records them beside its method; they are not "
+        "part of the suite's hash.")
+
+    @field_validator("addons")
+    @classmethod
+    def _each_addon_once(cls, addons: list[AddOnSpec]) -> list[AddOnSpec]:
+        return unique_addons(addons)
 
     @field_validator("schema_version")
     @classmethod
@@ -397,10 +441,17 @@ class MethodSpec(Spec):
 
 
 class RunSpec(Spec):
-    """One run: a suite, a method, a model, a seed and where the results go."""
+    """One run: a suite, a method and its add-ons, a model, a seed and where the results go."""
 
     suite: SuiteSpec
     method: MethodSpec
+    addons: list[AddOnSpec] = Field(default_factory=list, description="The continual-learning "
+                                    "add-ons on the method, in the order they compose.")
+
+    @field_validator("addons")
+    @classmethod
+    def _each_addon_once(cls, addons: list[AddOnSpec]) -> list[AddOnSpec]:
+        return unique_addons(addons)
     model: ModelSpec = Field(description="The model trained (the suite's default unless "
                              "overridden).")
     seed: int = Field(default=0, ge=-MAX_SEED, le=MAX_SEED,
@@ -427,10 +478,24 @@ class RunSpec(Spec):
                                    "built from; relative paths in the suite (e.g. an lm-eval "
                                    "`include_path`) resolve against its folder.")
 
+    def entry_name(self) -> str:
+        """The method with its add-ons, as tables and the leaderboard name it (`sdpo+ewc`)."""
+        return entry_name(self.method.name, [a.name for a in self.addons])
+
+    def folder_name(self) -> str:
+        """:func:`run_folder_name` of this run."""
+        return run_folder_name(self.method.name, [a.name for a in self.addons], self.joint)
+
     def training_stages(self) -> list[StageSpec]:
         """What the run trains, in order: the suite's stages, or the joint stage of a joint run
         (:func:`joint_stage`)."""
         return [joint_stage(self.suite.stages)] if self.joint else list(self.suite.stages)
+
+
+def run_folder_name(method: str, addons: list[str], joint: bool) -> str:
+    """The folder a run goes to under its suite's (or a sweep's) root: its entry name, with
+    `-joint` for a joint reference run."""
+    return entry_name(method, addons) + ("-joint" if joint else "")
 
 
 #: Budget fields that every stage must share for a joint run (its one stage has one budget).

@@ -5,10 +5,11 @@ Names are looked up in the folders of the `CLBENCH_SUITE_PATH` environment varia
 like `PATH`), then in the suites shipped with clbench; the first match wins.
 
 Overrides are `KEY=VALUE` strings. :func:`split_overrides` routes them: keys under `method.` are
-method parameters, keys under `model.` change the run's model, and every other key edits the
-suite (`stages[0].budget.steps=4`). Whatever the route, the result is validated exactly like a
-file, and errors name the file, the override, the field path and what was expected. A run's
-whole spec, with the plugins' parameters checked, is built in :mod:`clbench.plugins.runspec`.
+method parameters, keys under `addon.NAME.` an add-on's, keys under `model.` change the run's
+model, and every other key edits the suite (`stages[0].budget.steps=4`). Whatever the route,
+the result is validated exactly like a file, and errors name the file, the override, the field
+path and what was expected. A run's whole spec, with the plugins' parameters checked, is built
+in :mod:`clbench.plugins.runspec`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from clbench.errors import UserError
 from clbench.spec.reading import (
@@ -183,7 +184,8 @@ def method_settings(suite: SuiteSpec, method: str, overrides: Sequence[str] = ()
 
 
 def default_out_dir(suite_name: str, method: str, seed: int) -> str:
-    """Where a run's results go unless `--out` says otherwise (a method named by its location,
+    """Where a run's results go unless `--out` says otherwise: `runs/<suite>/<method>/s<seed>`,
+    `<method>` naming the add-ons too (`sdpo+ewc`; a method named by its location,
     `package.module:Class`, in a folder `package.module.Class`). A name that would leave
     `runs/` (a path separator, `..`) is refused: names come from plugins and files."""
     parts = [suite_name, method.replace(":", ".")]
@@ -194,28 +196,55 @@ def default_out_dir(suite_name: str, method: str, seed: int) -> str:
     return str(Path("runs", *parts, f"s{seed}"))
 
 
-def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-    """Route overrides: (`method.*` with the prefix removed, `model.*` likewise, the rest)."""
-    method, model, suite = [], [], []
+class RoutedOverrides(NamedTuple):
+    """`--set` overrides by what they change, each with its routing prefix removed."""
+
+    method: list[str]              # `method.X=V` as `X=V`
+    model: list[str]               # `model.X=V` as `X=V`
+    addons: dict[str, list[str]]   # `addon.NAME.X=V` as `X=V`, by add-on name
+    suite: list[str]               # everything else, as given
+
+
+def split_overrides(overrides: Sequence[str]) -> RoutedOverrides:
+    """Route overrides: `method.*`, `model.*` and `addon.NAME.*` with their prefix removed, the
+    rest (suite fields) as given."""
+    routed = RoutedOverrides([], [], {}, [])
     for text in overrides:
         key = text.split("=", 1)[0].strip()
-        for prefix, bucket in (("method.", method), ("model.", model)):
-            if key.startswith(prefix):
-                if "=" not in text:  # said here: past this point the prefix is gone
-                    raise SpecError(f"override {text!r}: expected KEY=VALUE, e.g. "
-                                    f"{key}={'1e-5' if key == 'method.lr' else '...'}")
-                bucket.append(text.strip()[len(prefix):])
-                break
+        head, _, rest = key.partition(".")
+        if head in ("method", "model", "addon") and rest:
+            if "=" not in text:  # said here: past this point the prefix is gone
+                raise SpecError(f"override {text!r}: expected KEY=VALUE, e.g. "
+                                f"{key}={'1e-5' if key == 'method.lr' else '...'}")
+            if head == "addon":
+                name, _, field = rest.partition(".")
+                if not field:
+                    raise SpecError(f"override {text!r}: name the add-on and the field, e.g. "
+                                    "addon.replay.fraction=0.5")
+                routed.addons.setdefault(name, []).append(text.strip()[len(f"addon.{name}."):])
+            else:
+                getattr(routed, head).append(text.strip()[len(head) + 1:])
+        elif key in ("method", "model", "addon"):
+            example = {"method": "lr=1e-5", "model": "dtype=float32",
+                       "addon": "replay.fraction=0.5"}[key]
+            raise SpecError(f"override {text!r}: set one field at a time, e.g. {key}.{example}")
         else:
-            if key in ("method", "model"):
-                raise SpecError(f"override {text!r}: set one field at a time, e.g. "
-                                f"{key}.{'lr=1e-5' if key == 'method' else 'dtype=float32'}")
-            suite.append(text)
-    return method, model, suite
+            routed.suite.append(text)
+    return routed
 
 
 __all__ = [
-    "SUITE_PATH_ENV", "SuiteInfo", "SuiteNotFoundError", "apply_overrides", "default_out_dir",
-    "list_suites", "load_suite", "method_settings", "override_source", "resolve_suite",
-    "split_overrides", "suite_dirs",
+    "SUITE_PATH_ENV",
+    "RoutedOverrides",
+    "SuiteInfo",
+    "SuiteNotFoundError",
+    "apply_overrides",
+    "default_out_dir",
+    "list_suites",
+    "load_suite",
+    "method_settings",
+    "override_source",
+    "resolve_suite",
+    "split_overrides",
+    "suite_dirs",
 ]

@@ -41,6 +41,7 @@ from clbench.progress import clock_time, draws_live
 from clbench.results import RESULTS_FILENAME
 from clbench.run.protocol import RunInterrupted
 from clbench.run.rundir import what_is_saved
+from clbench.spec.options import RunOptions
 from clbench.spec.schema import RunSpec
 
 #: Seconds between looks at the children (exit status, results.json) while they run.
@@ -64,30 +65,13 @@ class ChildLauncher:
     """How a child process of the sweep is started: its command, environment and log file."""
 
     out_root: Path
-    overrides: Sequence[str]
-    model: str | None
-    device: str
-    reuse_base_row: bool
     threads: int | None = None  # OMP_NUM_THREADS of each child; None: the sweep's environment
 
-    def command(self, run: RunSpec) -> list[str]:
-        """`clbench run` for this run; --resume starts fresh in an empty or missing directory
-        and continues a partial one."""
-        command = [sys.executable, "-m", "clbench.cli", "run", "--suite", str(run.suite_file),
-                   "--method", run.method.name, "--seed", str(run.seed),
-                   "--out", str(run.out_dir), "--resume", "--device", self.device]
-        for override in self.overrides:
-            command += ["--set", override]
-        if self.model is not None:
-            command += ["--model", self.model]
-        if not self.reuse_base_row:
-            command.append("--no-base-cache")
-        command += ["--checkpoint-minutes", repr(run.checkpoint_minutes)]
-        if run.joint:
-            command.append("--joint")
-        if run.model.trust_remote_code:
-            command.append("--trust-remote-code")
-        return command
+    def command(self, child: Child) -> list[str]:
+        """`clbench run` for the child's run; --resume starts fresh in an empty or missing
+        directory and continues a partial one."""
+        return [sys.executable, "-m", "clbench.cli", "run", *child.options.command_line(),
+                "--resume"]
 
     def environment(self) -> dict[str, str]:
         """The sweep's environment with the child's thread count."""
@@ -99,11 +83,10 @@ class ChildLauncher:
         return env
 
     def log_path(self, run: RunSpec) -> Path:
-        joint = "-joint" if run.joint else ""
-        return self.out_root / "logs" / f"{run.method.name}{joint}-s{run.seed}.log"
+        return self.out_root / "logs" / f"{run.folder_name()}-s{run.seed}.log"
 
-    def start(self, run: RunSpec) -> subprocess.Popen[bytes]:
-        command, log_path = self.command(run), self.log_path(run)
+    def start(self, child: Child) -> subprocess.Popen[bytes]:
+        command, log_path = self.command(child), child.log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} "
@@ -148,6 +131,7 @@ def threads_per_child(device: str, parallel: int) -> int | None:
 class Child:
     """One run of the grid on its way through a child process."""
 
+    options: RunOptions  # what asks for the run (`--out` set)
     run: RunSpec
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
@@ -158,7 +142,7 @@ class Child:
 
     @property
     def name(self) -> str:
-        return f"{self.run.method.name} seed {self.run.seed}"
+        return f"{self.run.folder_name()} seed {self.run.seed}"
 
     def finish(self, code: int, stopped: bool = False) -> None:
         """Record the exit status; `stopped`: the sweep stopped it (a kill is no failure)."""
@@ -197,18 +181,18 @@ def progress_table(children: Sequence[Child]) -> Table:
         table.add_column(column, justify="right" if column in ("seed", "elapsed") else "left")
     for c in children:
         style = STATE_STYLE[c.state]
-        table.add_row(escape(c.run.method.name), str(c.run.seed), f"[{style}]{c.state}[/]",
+        table.add_row(escape(c.run.folder_name()), str(c.run.seed), f"[{style}]{c.state}[/]",
                       c.stages_done(), c.elapsed())
     return table
 
 
-def run_as_children(runs: Sequence[RunSpec], launch: ChildLauncher, jobs: int,
-                    console: Console) -> list[Child]:
+def run_as_children(runs: Sequence[tuple[RunOptions, RunSpec]], launch: ChildLauncher,
+                    jobs: int, console: Console) -> list[Child]:
     """Run each run in a child process, up to `jobs` at once, with a live table; return the
     children whose run did not complete: failed, or stopped by a signal from outside the sweep.
     On Ctrl-C or SIGTERM every child is stopped and RunInterrupted raised; whatever happens, no
     child is left running."""
-    children = [Child(run, launch.log_path(run)) for run in runs]
+    children = [Child(options, run, launch.log_path(run)) for options, run in runs]
     stop: KeyboardInterrupt | None = None
     try:
         # SIGTERM is handled here too, not only by the CLI: a caller of the library that left it
@@ -275,7 +259,7 @@ def _supervise(children: Sequence[Child], launch: ChildLauncher, jobs: int, cons
             what = "started" if rows is None else \
                 f"resumed ({what_is_saved(Path(child.run.out_dir), rows, columns)})"
             with stops_deferred():  # a child that is started is a child that will be stopped
-                child.process = launch.start(child.run)
+                child.process = launch.start(child)
                 child.state, child.started = "running", time.monotonic()
             said[children.index(child)] = rows or 0  # a resumed run's rows are old
             console.print(f"{escape(child.name)}: {escape(what)}, log "

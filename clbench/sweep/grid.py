@@ -1,4 +1,4 @@
-"""The grid of a sweep: methods x seeds, each run in `<out_root>/<method>/s<seed>`.
+"""The grid of a sweep: methods x seeds, each run in `<out_root>/<method>[+<addon>...]/s<seed>`.
 
 This module owns the grid: enumerating and validating its runs, skipping complete ones, running
 the others one at a time in this process (`jobs=1`) or up to N at a time as child processes
@@ -20,7 +20,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from clbench.errors import UserError
-from clbench.plugins import registry
 from clbench.report.comparison import (
     comparison,
     comparison_groups,
@@ -32,6 +31,7 @@ from clbench.report.runs import collect_results, print_summary
 from clbench.results import RESULTS_FILENAME
 from clbench.run.protocol import RunInterrupted, check_lm_eval_probes, execute
 from clbench.run.rundir import IDENTITY_FILE, check_run_dir, run_identity
+from clbench.spec.options import RunOptions, RunSettings
 from clbench.spec.schema import RunSpec
 from clbench.sweep.children import (
     Child,
@@ -43,23 +43,22 @@ from clbench.sweep.children import (
 
 
 def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
-          overrides: Sequence[str] = (), model: str | None = None, device: str = "auto",
-          reuse_base_row: bool = True, jobs: int = 1, checkpoint_minutes: float = 15.0,
-          joint: bool = False, console: Console | None = None,
-          trust_remote_code: bool = False) -> dict[str, Any]:
-    """Run methods x seeds into `out_root/<method>/s<seed>` (`joint`: their joint references,
-    into `out_root/<method>-joint/s<seed>`): complete runs are skipped, partial ones resumed;
-    `jobs` > 1 runs up to that many at once as child processes. Ends with the comparison table
-    over seeds (returned as data) of the stage-by-stage runs of these methods and seeds, with
-    their intransigence where their joint references are there too.
+          settings: RunSettings | None = None, jobs: int = 1,
+          console: Console | None = None) -> dict[str, Any]:
+    """Run methods x seeds, each with `settings` (overrides, add-ons, model, ...), into
+    `out_root/<method>[+<addon>...]/s<seed>` (`settings.joint`: their joint references, into
+    `out_root/<method>-joint/s<seed>`): complete runs are skipped, partial ones resumed; `jobs`
+    > 1 runs up to that many at once as child processes. Ends with the comparison table over
+    seeds (returned as data) of the stage-by-stage runs of these methods and seeds, with their
+    intransigence where their joint references are there too.
 
     Raises :class:`UserError` naming the runs that failed or were stopped from outside the
     sweep (after the comparison), :class:`RunInterrupted` on Ctrl-C or SIGTERM. Progress, each
     run's summary and the comparison go to `console` (the CLI's); without one nothing is shown.
     """
-    from clbench.plugins.runspec import build_run_spec
     from clbench.train.distributed import launched_world_size
 
+    settings = settings or RunSettings()
     if launched_world_size() > 1:
         # a run that fails on one process would leave the others waiting in a collective
         raise UserError("clbench sweep cannot run under a multi-process launch; launch one "
@@ -70,31 +69,29 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     out_root = Path(out_root)
     # The whole grid is validated before anything trains. Each pair once: two children of the
     # same pair would write into the same run directory.
-    suffix = "-joint" if joint else ""
-    runs = [build_run_spec(suite_ref, m, seed=s, out_dir=out_root / f"{m}{suffix}" / f"s{s}",
-                           overrides=overrides, model=model, device=device,
-                           reuse_base_row=reuse_base_row, checkpoint_minutes=checkpoint_minutes,
-                           joint=joint, trust_remote_code=trust_remote_code)
+    runs = [grid_run(RunOptions.of(settings, suite=suite_ref, method=m, seed=s), out_root)
             for m in dict.fromkeys(methods) for s in dict.fromkeys(seeds)]
     pending = []
-    for run in runs:
+    for options, run in runs:
         if is_complete(run):
-            console.print(f"[dim]skip {escape(run.method.name)} seed {run.seed}: complete[/]")
+            console.print(f"[dim]skip {escape(run.folder_name())} seed {run.seed}: "
+                          "complete[/]")
         else:
-            pending.append(run)
+            pending.append((options, run))
     if pending:  # the same probes in every run: an unknown one is refused once, before any run
-        check_lm_eval_probes(pending[0])
+        check_lm_eval_probes(pending[0][1])
     incomplete: list[Child] = []
     broken: list[str] = []
     if jobs == 1:
-        broken = run_in_process(pending, console)
+        broken = run_in_process([run for _, run in pending], console)
     elif pending:
-        launch = ChildLauncher(out_root, overrides, model, device, reuse_base_row,
-                               threads=threads_per_child(device, min(jobs, len(pending))))
+        launch = ChildLauncher(out_root, threads=threads_per_child(settings.device,
+                                                                  min(jobs, len(pending))))
         incomplete = run_as_children(pending, launch, jobs, console)
     # each run and its counterpart (the stage-by-stage run of a joint one, and the other way)
-    dirs = [d for m in dict.fromkeys(methods) for s in dict.fromkeys(seeds)
-            for d in (out_root / m / f"s{s}", out_root / f"{m}-joint" / f"s{s}")
+    names = {run.entry_name() for _, run in runs}
+    dirs = [d for name in sorted(names) for s in dict.fromkeys(seeds)
+            for d in (out_root / name / f"s{s}", out_root / f"{name}-joint" / f"s{s}")
             if (d / RESULTS_FILENAME).is_file()]
     found = collect_results(dirs)
     add_intransigence(found)
@@ -108,13 +105,20 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
     return data
 
 
+def grid_run(options: RunOptions, out_root: Path) -> tuple[RunOptions, RunSpec]:
+    """One run of the grid, validated, in `out_root/<its folder name>/s<seed>`, with the
+    options that ask for it (`--out` set, the suite as the file found)."""
+    from clbench.plugins.runspec import build_run_spec
+
+    run = build_run_spec(options)
+    run.out_dir = str(out_root / run.folder_name() / f"s{run.seed}")
+    return options.model_copy(update={"out_dir": run.out_dir, "suite": run.suite_file}), run
+
+
 def is_complete(run: RunSpec) -> bool:
     """True when the run's directory holds this very run, complete. Refuses (RunDirError) a
     directory that holds another run, before anything of the grid trains."""
-    method = registry.build_method(run.method)
-    previous = check_run_dir(Path(run.out_dir),
-                             run_identity(run, method.config.model_dump(mode="json")),
-                             resume=True)
+    previous = check_run_dir(Path(run.out_dir), run_identity(run), resume=True)
     return previous is not None and previous.status == "complete"
 
 
@@ -124,17 +128,17 @@ def run_in_process(runs: Sequence[RunSpec], console: Console) -> list[str]:
     broken = []
     for run in runs:
         resume = (Path(run.out_dir) / IDENTITY_FILE).is_file()
-        console.rule(f"{run.method.name} seed {run.seed}" + (" (resume)" if resume else ""))
+        name = run.folder_name()
+        console.rule(f"{name} seed {run.seed}" + (" (resume)" if resume else ""))
         try:
             print_summary(console, execute(run, resume=resume, console=console))
         except RunInterrupted:  # Ctrl-C or SIGTERM: the sweep stops with the run
             raise
         except Exception as exc:  # one broken run must not lose the rest of the grid
             what = f"{type(exc).__name__}: {exc}" if not isinstance(exc, UserError) else str(exc)
-            console.print(f"[red]{escape(run.method.name)} seed {run.seed} failed: "
-                          f"{escape(what)}[/]")
+            console.print(f"[red]{escape(name)} seed {run.seed} failed: {escape(what)}[/]")
             log = Path(run.out_dir) / "run.log"  # absent when it failed before it started
-            broken.append(f"{run.method.name} seed {run.seed} ({what}"
+            broken.append(f"{name} seed {run.seed} ({what}"
                           + (f"; log {log})" if log.is_file() else ")"))
     return broken
 

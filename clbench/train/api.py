@@ -14,8 +14,8 @@ restored). A method that never calls ``save_progress`` simply restarts an interr
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable
+from abc import ABC
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,7 +29,11 @@ if TYPE_CHECKING:  # heavy imports only for type checkers
     from clbench.spec.schema import Budget
     from clbench.tasks.base import Example, TaskSource
     from clbench.train.distributed import Distributed
+    from clbench.train.loop import StepHooks, TrainingHooks
 
+
+#: The metadata key of a training item naming the stage it was drawn for.
+STAGE_KEY = "clbench.stage"
 
 #: Key of a field's `json_schema_extra` for a field added to a config after runs were recorded
 #: without it, when its default does not do what those runs did: the value that does. A stored
@@ -78,11 +82,17 @@ class StageContext:
     when several processes train), so that their gradients are averaged over the processes;
     `dist` also has rank, barriers, the sharding of a step's prompts and the autocast context.
     Both default to a single process training `model` as stored (no autocast).
+
+    `train_examples` carry the name of the stage they were drawn for in their metadata
+    (:data:`STAGE_KEY`), so an item kept from an earlier stage (replay) is graded by its own
+    task: :meth:`task_for` routes it through `tasks`, every stream stage's task by name.
+    `addons` are the run's continual-learning add-ons, which the :class:`TrainingLoop` calls
+    at every point after the method's own hooks.
     """
 
     model: PreTrainedModel                 # the student, trained in place
     tokenizer: PreTrainedTokenizerBase
-    task: TaskSource                       # grader and answer/CoT split (`answer_start_for`)
+    task: TaskSource                       # the stage's task: grader, answer start, token cap
     train_examples: list[Example]          # the stage's training items, in data order
     budget: Budget
     stage_index: int                       # 1-based position in the stream
@@ -107,6 +117,9 @@ class StageContext:
     resume: dict[str, Any] | None = None
     generation: str = "loop"               # the generator's engine (`ModelSpec.generation`)
     nonfinite_loss: str = "stop"           # a NaN/inf step: `stop` or `skip` (the protocol's)
+    tasks: Mapping[str, TaskSource] = field(default_factory=dict)  # stream tasks by stage name
+    addons: Sequence[TrainingHooks] = ()   # the run's add-ons, in the order they compose
+    addons_applied: bool = False           # set by the TrainingLoop that called them
 
     def __post_init__(self) -> None:
         if self.dist is None:
@@ -115,6 +128,13 @@ class StageContext:
             self.dist = Distributed.for_model(self.model, self.device)
         if self.train_model is None:
             self.train_model = self.dist.prepare_student(self.model)
+
+    def task_for(self, example: Example) -> TaskSource:
+        """The task that grades `example`: that of the stage it was drawn for (an item of an
+        earlier stage, replayed), else the stage's own."""
+        stage = example.metadata.get(STAGE_KEY)
+        return self.tasks.get(stage, self.task) if isinstance(stage, str) else self.task
+
 
 
 @dataclass
@@ -156,9 +176,20 @@ class Method(ABC):
             config = self.Config.model_validate(config or {})
         self.config = config
 
-    @abstractmethod
+    def hooks(self, ctx: StageContext) -> StepHooks:
+        """The method's step logic for one stage, run by the shared training loop (which
+        :meth:`train_stage` does by default). A method implements this or `train_stage`."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither hooks(ctx) nor "
+                                  "train_stage(ctx)")
+
     def train_stage(self, ctx: StageContext) -> StageReport:
-        """Train `ctx.model` in place on one stage and report what happened."""
+        """Train `ctx.model` in place on one stage and report what happened: by default the
+        shared :class:`~clbench.train.loop.TrainingLoop` with :meth:`hooks` (and the run's
+        add-ons). A method that overrides it trains without add-ons: a run that has some
+        refuses it."""
+        from clbench.train.loop import TrainingLoop
+
+        return TrainingLoop(ctx, self.config, self.hooks(ctx)).run()  # type: ignore[arg-type]
 
     def state_dict(self) -> dict[str, Any]:
         """State kept across stages (e.g. a teacher that outlives a stage); empty by default."""

@@ -1,19 +1,22 @@
-"""What every on-policy method shares; methods plug in an objective.
+"""What every on-policy method shares; a method is an objective on it.
 
 The stage runs on the training loop every method shares (:mod:`clbench.train.loop`: optimizer,
-schedule, micro-batches, records, checkpoints); this module gives it its batches and losses.
+schedule, micro-batches, records, checkpoints); an on-policy method's hooks are an
+:class:`Objective`, whose base makes the batches and whose subclass gives the loss.
 One stage = `budget.steps` optimizer steps. Every `inner_updates` steps a fresh batch is built:
-1. pick `prompts_per_step` training items (:func:`clbench.train.optim.step_examples`);
+1. the loop picks `prompts_per_step` training items (:func:`clbench.train.optim.step_examples`,
+   as the run's add-ons chose them);
 2. sample `samples_per_prompt` rollouts of each (:class:`clbench.train.rollout.Generator`),
    each at most `budget.max_new_tokens` long, or its item's tighter cap where the task gives one
    (:meth:`clbench.tasks.base.TaskSource.max_new_tokens_for`: the joint reference's mixture);
-3. grade every rollout with the stage's task -> reward, correct, feedback;
+3. grade every rollout with its item's task (the stage's, or a replayed item's own stage's)
+   -> reward, correct, feedback;
 4. score: old log-probs (only when several updates reuse a batch; with one update the ratio is
    exactly 1 and the current log-probs, detached, serve) and the objective's `prepare` (GRPO:
    advantages and reference log-probs; SDPO: teacher contexts and teacher scores);
 5. one optimizer step per update: the objective's loss on micro-batches, backward, clip, AdamW.
 
-The objective (:class:`Objective`) sees the batch and returns a loss; everything else (sampling,
+A subclass of :class:`Objective` sees the batch and returns a loss; everything else (sampling,
 grading, counters, per-phase wall time, per-step records, lr schedule) lives here and in the
 loop, so methods differ in their objective and teacher, not in plumbing.
 
@@ -27,26 +30,24 @@ all-reduces. Every rank runs the same forwards through the prepared student: a r
 give no loss runs a zero-weighted one (see :class:`Objective`), and a step without a supervised
 token on any rank takes no update on any. Step records are averaged over the ranks (the loss so
 becomes the step's token mean), counters summed. Objectives compute training forwards with
-`trainer.train_model` (the prepared student) and everything without gradient with
-`trainer.model`.
+`loop.train_model` (the prepared student) and everything without gradient with `loop.model`.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import Field
 
 from clbench.metrics.artifacts import max_repeat
 from clbench.tasks.base import Example, Grade
-from clbench.train.api import Method, StageReport
 from clbench.train.logprobs import TokenLogprobs, completion_logprobs, pack_batch
 from clbench.train.loop import StepBatch, StepHooks, TrainingLoop
-from clbench.train.optim import OptimizerSettings, rank_share, step_examples
+from clbench.train.optim import OptimizerSettings, rank_share
 from clbench.train.rollout import Generator, HFGenerator, Rollout, SamplingParams
 from clbench.train.sampler_correction import SamplerCorrection, sampler_weights
 
@@ -168,131 +169,117 @@ def pad_to(tensor: torch.Tensor, length: int) -> torch.Tensor:
     return torch.cat([tensor, tensor.new_zeros(shape)], dim=1)
 
 
-class Objective(ABC):
-    """What an on-policy method adds to the shared loop: a loss (and optionally a teacher)."""
+class Objective(StepHooks):
+    """An on-policy method's step logic on the shared loop: the batches of sampled, graded and
+    scored rollouts are made here (see the module docstring); a subclass gives the loss
+    (:meth:`loss`, :meth:`supervised_tokens`), the no-grad work on a fresh batch
+    (:meth:`prepare`: advantages, a teacher's scores) and, as any :class:`TrainingHooks`, what
+    happens at the stage's start and end and after each step (a teacher's update).
 
-    def on_stage_start(self, trainer: OnPolicyTrainer) -> None:
-        """Called once before the first step (e.g. copy a reference or teacher model)."""
+    `config` holds the on-policy settings (:class:`OnPolicySettings`: batch reuse, micro-batches,
+    stop strings, the sampler correction). Training forwards go through `loop.train_model`, every
+    forward without gradient through `loop.model`."""
 
-    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
+    #: An objective holds state between steps only where a subclass says so: one that does not
+    #: set this restarts an interrupted stage. A subclass that adds state extends state_dict /
+    #: load_state_dict (or sets this back to False).
+    resumable: bool = False
+
+    def __init__(self, ctx: StageContext, config: OnPolicySettings, *,
+                 generator: Generator | None = None, chunk_size: int = 128) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.batch_every = config.inner_updates
+        self.chunk_size = chunk_size
+        budget, dist = ctx.budget, ctx.dist
+        assert dist is not None  # StageContext always has one
+        local_prompts = len(rank_share(range(budget.prompts_per_step), 0, dist.num_processes,
+                                       ctx.stage_name))
+        rollouts_per_batch = local_prompts * budget.samples_per_prompt
+        if generator is None and ctx.generation == "vllm":
+            from clbench.train.vllm_engine import colocated_generator
+
+            model_config = getattr(ctx.model, "config", None)
+            generator = colocated_generator(
+                ctx.model, ctx.tokenizer, seed=dist.process_index,
+                max_model_len=int(getattr(model_config, "max_position_embeddings", 4096) or 4096))
+        self.generator = generator or HFGenerator(
+            ctx.model, ctx.tokenizer,
+            batch_size=config.generation_batch_size or rollouts_per_batch, engine=ctx.generation)
+
+    # -- what a subclass gives -----------------------------------------------------------------
+
+    def prepare(self, loop: TrainingLoop, batch: RolloutBatch) -> dict[str, float]:
         """No-grad work on a fresh batch (advantages, teacher scores); stores into `batch.extra`.
         Returns statistics logged with the step(s) that use this batch."""
         return {}
 
     @abstractmethod
-    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+    def loss(self, loop: TrainingLoop, batch: StepBatch, part: Any
              ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Loss of `rows` of the batch, and statistics to be summed over micro-batches (and
-        averaged over the ranks).
+        """Loss of the rows `part` (a range) of the batch, and statistics to be summed over
+        micro-batches (and averaged over the ranks).
 
         Scale: summed over the batch's micro-batches it is this rank's term of the step loss;
         for a token mean use :meth:`RolloutBatch.token_mean`, which divides by the supervised
         tokens of every rank so that several processes take the one-process step.
 
         Processes: every rank calls this for equally many micro-batches and, under DDP, every
-        rank must run the same number of forwards through `trainer.train_model` (one per call):
+        rank must run the same number of forwards through `loop.train_model` (one per call):
         the ranks' backwards meet in one gradient all-reduce, and a rank that skips it leaves
         the others waiting forever. So a loss with a graph comes from exactly one forward
-        through `trainer.train_model` (never `trainer.model`, whose gradients are not
+        through `loop.train_model` (never `loop.model`, whose gradients are not
         synchronised); rows with nothing to learn from return a loss WITHOUT a graph (e.g.
-        `torch.zeros(())`, `grad_fn` None) and no forward: the trainer then runs the
-        zero-weighted forward itself when there are several processes, and skips the backward
+        `torch.zeros(())`, `grad_fn` None) and no forward: the loop then runs
+        :meth:`zero_weighted_forward` when there are several processes, and skips the backward
         with one."""
 
     @abstractmethod
-    def supervised_tokens(self, batch: RolloutBatch) -> int:
+    def supervised_tokens(self, batch: StepBatch) -> int:
         """Number of this rank's completion tokens that receive a learning signal: the count
-        the loss is a token mean over. Called after :meth:`prepare`; the trainer sums it over
+        the loss is a token mean over. Called after :meth:`prepare`; the loop sums it over
         the ranks into `batch.total_tokens` (which :meth:`RolloutBatch.token_mean` divides by),
         skips the step on every rank when that sum is 0, and counts it as `trained_tokens`."""
 
-    def after_step(self, trainer: OnPolicyTrainer, step: int) -> dict[str, float]:
-        """Called after each optimizer step (e.g. an EMA teacher update)."""
-        return {}
-
-    def on_stage_end(self, trainer: OnPolicyTrainer, report: StageReport) -> None:
-        """Called once after the last step (e.g. summarise teacher statistics into the report)."""
-
-    #: True when :meth:`state_dict` holds everything the objective keeps between the steps of a
-    #: stage (also when that is nothing), so the stage can continue from a checkpoint in its
-    #: middle; an objective that does not say so restarts an interrupted stage. A subclass that
-    #: adds state extends state_dict / load_state_dict (or sets this back to False).
-    resumable: ClassVar[bool] = False
-
-    def state_dict(self) -> dict[str, Any]:
-        """What the objective keeps between steps of a stage (e.g. its teacher), for a
-        checkpoint in the middle of the stage (see :attr:`resumable`); empty by default."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` after :meth:`on_stage_start` (continuing a stage)."""
-
-
-class OnPolicyTrainer(StepHooks):
-    """One stage of an on-policy method: the shared :class:`~clbench.train.loop.TrainingLoop`
-    with batches of sampled, graded and scored rollouts and the objective's loss (see the module
-    docstring). Objectives reach the loop's parts through it (`model`, `train_model`, `ctx`,
-    `dist`, `counters`, `micro_batches`)."""
-
-    def __init__(self, ctx: StageContext, objective: Objective, settings: OptimizerSettings, *,
-                 inner_updates: int = 1, micro_batch_size: int | None = None,
-                 generation_batch_size: int | None = None, stop: tuple[str, ...] = (),
-                 generator: Generator | None = None, chunk_size: int = 128) -> None:
-        if inner_updates < 1:
-            raise ValueError(f"inner_updates must be >= 1, got {inner_updates}")
-        self.ctx = ctx
-        self.dist = ctx.dist
-        self.model = ctx.model              # plain student: generation, copies, no-grad scoring
-        self.train_model = ctx.train_model  # prepared student: forwards whose gradients count
-        self.objective = objective
-        self.settings = settings
-        self.batch_every = self.inner_updates = inner_updates
-        self.resumable = objective.resumable
-        self.micro_batch_size = micro_batch_size
-        self.chunk_size = chunk_size
-        self.stop = stop
-        budget = ctx.budget
-        world = self.dist.num_processes
-        local_prompts = len(rank_share(range(budget.prompts_per_step), 0, world, ctx.stage_name))
-        rollouts_per_batch = local_prompts * budget.samples_per_prompt
-        if generator is None and ctx.generation == "vllm":
-            from clbench.train.vllm_engine import colocated_generator
-
-            config = getattr(ctx.model, "config", None)
-            generator = colocated_generator(
-                ctx.model, ctx.tokenizer, seed=self.dist.process_index,
-                max_model_len=int(getattr(config, "max_position_embeddings", 4096) or 4096))
-        self.generator = generator or HFGenerator(
-            ctx.model, ctx.tokenizer, batch_size=generation_batch_size or rollouts_per_batch,
-            engine=ctx.generation)
-        self.loop = TrainingLoop(ctx, settings, self)
-        self.clock, self.counters = self.loop.clock, self.loop.counters
-        self.optimizer, self.lr = self.loop.optimizer, self.loop.lr
-
     # -- one batch -----------------------------------------------------------------------------
 
-    def collect(self, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        """Sample, grade and score a fresh batch for optimizer step `step` (its token total over
-        the processes set)."""
-        batch, stats = self.loop.new_batch(step)
-        assert isinstance(batch, RolloutBatch)
-        return batch, stats
-
-    def build_batch(self, loop: TrainingLoop, step: int) -> tuple[RolloutBatch, dict[str, float]]:
-        ctx, budget = self.ctx, self.ctx.budget
-        dist = self.dist
-        examples = step_examples(ctx.train_examples, budget.prompts_per_step, step, ctx.seed,
-                                 rank=dist.process_index, world=dist.num_processes,
-                                 stage=ctx.stage_name)
+    def build_batch(self, loop: TrainingLoop, step: int, examples: list[Example]
+                    ) -> tuple[RolloutBatch, dict[str, float]]:
+        """Sample, grade and score the rollouts of `examples` (this rank's prompts of step
+        `step`), then :meth:`prepare` them."""
+        ctx, budget, dist = self.ctx, self.ctx.budget, loop.dist
         params = SamplingParams.from_budget(budget, seed=_mix(ctx.seed, step, dist.process_index),
-                                            stop=self.stop)
-        caps = [ctx.task.max_new_tokens_for(e) for e in examples]
+                                            stop=tuple(self.config.stop))
+        caps = [ctx.task_for(e).max_new_tokens_for(e) for e in examples]
         if any(c is not None for c in caps):  # items under a tighter cap than the stage's
             params = replace(params, prompt_max_new_tokens=tuple(
                 budget.max_new_tokens if c is None else min(c, budget.max_new_tokens)
                 for c in caps))
-        with self.clock.phase("generate"):
+        with loop.clock.phase("generate"):
             rollouts = self.generator.generate([e.messages for e in examples], params)
+        self._check_rollouts(rollouts, params)
+        with loop.clock.phase("grade"):
+            grades = [ctx.task_for(examples[r.prompt_index]).grade(examples[r.prompt_index],
+                                                                   r.text) for r in rollouts]
+        device = next(loop.model.parameters()).device
+        mask = pack_batch([r.prompt_ids for r in rollouts],
+                          [r.completion_ids for r in rollouts]).completion_mask.to(device)
+        batch = RolloutBatch(
+            step=step, examples=examples, rollouts=rollouts, grades=grades,
+            group_size=budget.samples_per_prompt,
+            rewards=torch.tensor([g.reward for g in grades], dtype=torch.float32, device=device),
+            completion_mask=mask,
+            temperature=budget.temperature if budget.temperature > 0 else 1.0)
+        loop.counters.add("generated_tokens", sum(r.num_tokens for r in rollouts))
+        loop.counters.add("rollouts", len(rollouts))
+        loop.counters.add("prompts", len(examples))
+        with loop.clock.phase("score"):
+            stats = self._score_sampling(loop, batch)
+            stats = {**self.prepare(loop, batch), **stats}
+        return batch, stats
+
+    def _check_rollouts(self, rollouts: list[Rollout], params: SamplingParams) -> None:
+        """Refuse what a generator backend returned against its contract."""
         over = [r for r in rollouts if r.num_tokens > params.cap_of(r.prompt_index)]
         if over:  # a backend that ignores the caps would train on more than the budget allows
             raise RuntimeError(f"{type(self.generator).__name__} returned a rollout of "
@@ -304,99 +291,54 @@ class OnPolicyTrainer(StepHooks):
             raise RuntimeError(f"{type(self.generator).__name__} returned "
                                f"{len(uneven[0].sampler_logprobs or [])} sampler log-probs for "
                                f"a completion of {uneven[0].num_tokens} tokens")
-        with self.clock.phase("grade"):
-            grades = [ctx.task.grade(examples[r.prompt_index], r.text) for r in rollouts]
-        device = next(self.model.parameters()).device
-        mask = pack_batch([r.prompt_ids for r in rollouts],
-                          [r.completion_ids for r in rollouts]).completion_mask.to(device)
-        batch = RolloutBatch(
-            step=step, examples=examples, rollouts=rollouts, grades=grades,
-            group_size=budget.samples_per_prompt,
-            rewards=torch.tensor([g.reward for g in grades], dtype=torch.float32, device=device),
-            completion_mask=mask,
-            temperature=budget.temperature if budget.temperature > 0 else 1.0)
-        self.counters.add("generated_tokens", sum(r.num_tokens for r in rollouts))
-        self.counters.add("rollouts", len(rollouts))
-        self.counters.add("prompts", len(examples))
-        with self.clock.phase("score"):
-            correction = getattr(self.settings, "sampler_correction", "none")
-            drawn_elsewhere = correction != "none" and all(
-                r.sampler_logprobs is not None for r in rollouts)
-            if self.inner_updates > 1 or drawn_elsewhere:
-                parts = [batch.score(self.model, rows, grad=False, chunk_size=self.chunk_size)
-                         .logprobs for rows in self.micro_batches(batch)]
-                trainer_logprobs = torch.cat(parts)
-                if self.inner_updates > 1:
-                    batch.old_logprobs = trainer_logprobs
-            extra_stats: dict[str, float] = {}
-            if drawn_elsewhere:
-                sampled = pad_to(torch.nn.utils.rnn.pad_sequence(
-                    [torch.tensor(r.sampler_logprobs or [0.0], dtype=torch.float32)
-                     for r in rollouts], batch_first=True), batch.length).to(device)
-                batch.sampler_weights = sampler_weights(
-                    trainer_logprobs, sampled, mask, correction,
-                    clip_max=self.settings.sampler_clip_max,
-                    clip_min=self.settings.sampler_clip_min)
-                per_token = batch.sampler_weights.expand_as(mask)
-                extra_stats["sampler_weight_mean"] = float(per_token[mask].mean()) \
-                    if mask.any() else 1.0
-            stats = {**self.objective.prepare(batch, self), **extra_stats}
-        return batch, stats
+
+    def _score_sampling(self, loop: TrainingLoop, batch: RolloutBatch) -> dict[str, float]:
+        """The sampling policy's log-probs (when several updates reuse the batch) and the
+        sampler correction's weights (when another engine drew the rollouts)."""
+        cfg, rollouts, mask = self.config, batch.rollouts, batch.completion_mask
+        drawn_elsewhere = cfg.sampler_correction != "none" and all(
+            r.sampler_logprobs is not None for r in rollouts)
+        if not (self.batch_every > 1 or drawn_elsewhere):
+            return {}
+        parts = [batch.score(loop.model, rows, grad=False, chunk_size=self.chunk_size).logprobs
+                 for rows in self.micro_batches(batch)]
+        trainer_logprobs = torch.cat(parts)
+        if self.batch_every > 1:
+            batch.old_logprobs = trainer_logprobs
+        if not drawn_elsewhere:
+            return {}
+        sampled = pad_to(torch.nn.utils.rnn.pad_sequence(
+            [torch.tensor(r.sampler_logprobs or [0.0], dtype=torch.float32)
+             for r in rollouts], batch_first=True), batch.length).to(mask.device)
+        batch.sampler_weights = sampler_weights(trainer_logprobs, sampled, mask,
+                                                cfg.sampler_correction,
+                                                clip_max=cfg.sampler_clip_max,
+                                                clip_min=cfg.sampler_clip_min)
+        per_token = batch.sampler_weights.expand_as(mask)
+        return {"sampler_weight_mean": float(per_token[mask].mean()) if mask.any() else 1.0}
 
     def micro_batches(self, batch: StepBatch) -> list[range]:
         """The row ranges of the batch's micro-batches."""
         assert isinstance(batch, RolloutBatch)
-        size = self.micro_batch_size or batch.size
+        size = self.config.micro_batch_size or batch.size
         return [range(s, min(s + size, batch.size)) for s in range(0, batch.size, size)]
 
-    def update(self, batch: RolloutBatch) -> dict[str, float]:
-        """One optimizer step on `batch`; returns loss, gradient norm, lr and objective stats."""
-        return self.loop.update(batch)
-
-    # -- hooks of the loop ---------------------------------------------------------------------
-
-    def supervised_tokens(self, batch: StepBatch) -> int:
+    def part_sequences(self, batch: StepBatch, part: Any
+                       ) -> tuple[list[list[int]], list[list[int]]]:
         assert isinstance(batch, RolloutBatch)
-        return self.objective.supervised_tokens(batch)
-
-    def loss(self, loop: TrainingLoop, batch: StepBatch, part: Any
-             ) -> tuple[torch.Tensor, dict[str, float]]:
-        assert isinstance(batch, RolloutBatch)
-        return self.objective.loss(batch, part, self)
+        return batch.prompt_ids(part), batch.completion_ids(part)
 
     def zero_weighted_forward(self, loop: TrainingLoop, batch: StepBatch, part: Any
                               ) -> torch.Tensor:
-        """0 times the log-probs of one row scored through `train_model` (see
-        :meth:`Objective.loss`)."""
+        """0 times the log-probs of one row scored through `train_model` (see :meth:`loss`)."""
         assert isinstance(batch, RolloutBatch)
-        probe = batch.score(self.train_model, range(part.start, part.start + 1), grad=True,
+        probe = batch.score(loop.train_model, range(part.start, part.start + 1), grad=True,
                             chunk_size=self.chunk_size)
         return probe.logprobs.sum() * 0.0
-
-    def on_stage_start(self, loop: TrainingLoop) -> None:
-        self.objective.on_stage_start(self)
 
     def step_stats(self, batch: StepBatch) -> dict[str, float]:
         assert isinstance(batch, RolloutBatch)
         return batch_summary(batch)
-
-    def after_step(self, loop: TrainingLoop, step: int) -> dict[str, float]:
-        return self.objective.after_step(self, step)
-
-    def on_stage_end(self, loop: TrainingLoop, report: StageReport) -> None:
-        self.objective.on_stage_end(self, report)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.objective.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.objective.load_state_dict(state)
-
-    # -- the stage -----------------------------------------------------------------------------
-
-    def run(self) -> StageReport:
-        """All optimizer steps of the stage; per-step records go to `ctx.log_step` too."""
-        return self.loop.run()
 
 
 def batch_summary(batch: RolloutBatch) -> dict[str, float]:
@@ -438,21 +380,3 @@ def _mix(seed: int, step: int, rank: int = 0) -> int:
     if rank:
         mixed = (mixed * 1_000_003 + rank * 2_246_822_519) % (2**31 - 1)
     return mixed
-
-
-class OnPolicyMethod(Method):
-    """A method made of the shared on-policy loop plus an objective (GRPO, the SDPO family)."""
-
-    config: OnPolicySettings
-
-    @abstractmethod
-    def make_objective(self) -> Objective:
-        """A fresh objective for one stage."""
-
-    def train_stage(self, ctx: StageContext) -> StageReport:
-        cfg = self.config
-        trainer = OnPolicyTrainer(ctx, self.make_objective(), cfg,
-                                  inner_updates=cfg.inner_updates,
-                                  micro_batch_size=cfg.micro_batch_size, stop=tuple(cfg.stop),
-                                  generation_batch_size=cfg.generation_batch_size)
-        return trainer.run()

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from clbench.errors import UserError
-from clbench.tasks.base import Messages, split_response_start
+from clbench.tasks.base import Example, Messages, continuation, split_response_start
 from clbench.train import decoding
 
 if TYPE_CHECKING:
@@ -139,6 +139,18 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> list[
     # The template already writes any BOS it wants; adding special tokens again would double it.
     return list(tokenizer(chat_prompt_text(tokenizer, messages),
                           add_special_tokens=False)["input_ids"])
+
+
+def encode_reference(tokenizer: PreTrainedTokenizerBase, example: Example,
+                     append_eos: bool = True) -> tuple[list[int], list[int]]:
+    """(prompt ids, response ids) of `example` answered by its reference solution: the response
+    is the reference after the start its prompt already holds, then the EOS token when
+    `append_eos` (what SFT trains on and what EWC's Fisher scores)."""
+    prompt = encode_chat(tokenizer, example.messages)
+    response = list(tokenizer(continuation(example), add_special_tokens=False)["input_ids"])
+    if append_eos and tokenizer.eos_token_id is not None:
+        response.append(int(tokenizer.eos_token_id))
+    return prompt, response
 
 
 def chat_prompt_text(tokenizer: PreTrainedTokenizerBase, messages: Messages) -> str:

@@ -1,7 +1,7 @@
 """SDPO and its variants: on-policy self-distillation on the shared on-policy loop.
 
 For each prompt, n rollouts are sampled and graded exactly as for GRPO
-(:mod:`clbench.train.onpolicy`). Then, per rollout:
+(the API's :class:`~clbench.api.Objective`). Then, per rollout:
 
 1. teacher context (:mod:`clbench_methods.sdpo.teacher`): the first OTHER rollout of the prompt with
    reward >= `demo_threshold` as a demonstration and/or the verifier's feedback on this rollout
@@ -12,7 +12,7 @@ For each prompt, n rollouts are sampled and graded exactly as for GRPO
    (`final_line`, an ablation), optionally thinned by `mask_ratio`;
 3. the teacher network (:class:`clbench_methods.sdpo.teacher.TeacherWeights`, `frozen` / `ema` /
    `live` / `refresh`) scores the student's OWN completion under the teacher context (no grad);
-4. loss = :func:`clbench.train.losses.sdpo_loss`: the token mean over supervised tokens of
+4. loss = :func:`clbench.api.sdpo_loss`: the token mean over supervised tokens of
    divergence(student, teacher) times the detached importance weight min(p_new / p_old,
    is_clip).
 
@@ -30,16 +30,23 @@ from typing import Any, ClassVar, Literal
 import torch
 from pydantic import Field, model_validator
 
-from clbench.tasks.base import opens_reasoning, response_prefix, seeded_rng
-from clbench.train.api import VALUE_BEFORE_FIELD, StageReport
-from clbench.train.logprobs import completion_distributions, completion_logprobs
-from clbench.train.losses import DistillationScores, sdpo_loss
-from clbench.train.onpolicy import (
+from clbench.api import (
+    VALUE_BEFORE_FIELD,
+    DistillationScores,
+    Method,
     Objective,
-    OnPolicyMethod,
     OnPolicySettings,
-    OnPolicyTrainer,
     RolloutBatch,
+    StageContext,
+    StageReport,
+    StepBatch,
+    TrainingLoop,
+    completion_distributions,
+    completion_logprobs,
+    opens_reasoning,
+    response_prefix,
+    sdpo_loss,
+    seeded_rng,
 )
 from clbench_methods.sdpo.supervision import Supervision, completion_supervision, random_token_mask
 from clbench_methods.sdpo.teacher import (
@@ -155,8 +162,11 @@ class StableSDPOConfig(SDPOConfig):
 class SDPOObjective(Objective):
     """Self-distillation loss from the teacher's scores of the student's own completions."""
 
-    def __init__(self, config: SDPOConfig) -> None:
-        self.config = config
+    config: SDPOConfig
+    resumable = True
+
+    def __init__(self, ctx: StageContext, config: SDPOConfig, **kwargs: Any) -> None:
+        super().__init__(ctx, config, **kwargs)
         self.teacher = TeacherWeights(config.teacher, ema_rate=config.ema_rate,
                                       refresh_fraction=config.refresh_fraction)
         self.teacher_seconds = 0.0
@@ -164,28 +174,26 @@ class SDPOObjective(Objective):
 
     # -- stage life cycle ------------------------------------------------------------------------
 
-    def on_stage_start(self, trainer: OnPolicyTrainer) -> None:
-        self.teacher.start_stage(trainer.model, trainer.ctx.budget.steps)
+    def on_stage_start(self, loop: TrainingLoop) -> None:
+        self.teacher.start_stage(loop.model, self.ctx.budget.steps)
         if self.teacher.before_step(0):
             self.refresh_steps.append(0)
 
-    def after_step(self, trainer: OnPolicyTrainer, step: int) -> dict[str, float]:
+    def after_step(self, loop: TrainingLoop, step: int) -> dict[str, float]:
         self.teacher.after_optimizer_step()
         refreshed = False
-        if step + 1 < trainer.ctx.budget.steps:
+        if step + 1 < self.ctx.budget.steps:
             # The refresh for step s+1 copies the student as it is after step s.
             refreshed = self.teacher.before_step(step + 1)
             if refreshed:
                 self.refresh_steps.append(step + 1)
         return {"teacher_refreshed": float(refreshed)}
 
-    def on_stage_end(self, trainer: OnPolicyTrainer, report: StageReport) -> None:
+    def on_stage_end(self, loop: TrainingLoop, report: StageReport) -> None:
         # Teacher forwards run inside the loss, so this time is also part of `backward`.
         report.wall_time["teacher_forward"] = self.teacher_seconds
         report.extra["teacher"] = {"mode": self.config.teacher, "refresh_steps":
                                    list(self.refresh_steps), "refresh_period": self.teacher.period}
-
-    resumable: ClassVar[bool] = True
 
     def state_dict(self) -> dict[str, Any]:
         return {"teacher": self.teacher.state_dict(), "refresh_steps": list(self.refresh_steps),
@@ -198,8 +206,8 @@ class SDPOObjective(Objective):
 
     # -- a fresh batch ---------------------------------------------------------------------------
 
-    def prepare(self, batch: RolloutBatch, trainer: OnPolicyTrainer) -> dict[str, float]:
-        cfg, ctx = self.config, trainer.ctx
+    def prepare(self, loop: TrainingLoop, batch: RolloutBatch) -> dict[str, float]:
+        cfg, ctx = self.config, self.ctx
         n = batch.group_size
         feedbacks = [verifier_feedback(cfg.feedback, g.feedback, g.format_error, r.finished)
                      for g, r in zip(batch.grades, batch.rollouts)]
@@ -224,7 +232,8 @@ class SDPOObjective(Objective):
             example = batch.examples[i // n]
             row = completion_supervision(
                 ctx.tokenizer, rollout.text, rollout.completion_ids, cfg.supervision,
-                ctx.task.answer_start_for(example), supervise_closing=cfg.supervise_eos,
+                ctx.task_for(example).answer_start_for(example),
+                supervise_closing=cfg.supervise_eos,
                 opened=opens_reasoning(response_prefix(example.messages)))
             supervised[i, :len(row)] = torch.tensor(row, dtype=torch.bool)
         generator = torch.Generator().manual_seed(
@@ -241,7 +250,7 @@ class SDPOObjective(Objective):
         batch.extra["normalizer"] = int(supervised.sum())
         batch.extra["stops"] = set(stops)
         # every rank's: the P(EOS) statistics are a mean over the step's such responses
-        batch.extra["stops_total"] = trainer.dist.sum_int(len(stops))
+        batch.extra["stops_total"] = loop.dist.sum_int(len(stops))
         total = max(int(batch.completion_mask.sum()), 1)
         size = max(batch.size, 1)
         return {
@@ -258,18 +267,19 @@ class SDPOObjective(Objective):
 
     # -- the loss ----------------------------------------------------------------------------------
 
-    def loss(self, batch: RolloutBatch, rows: range, trainer: OnPolicyTrainer
+    def loss(self, loop: TrainingLoop, batch: StepBatch, rows: Any
              ) -> tuple[torch.Tensor, dict[str, float]]:
+        assert isinstance(batch, RolloutBatch)
         cfg = self.config
         supervised: torch.Tensor = batch.extra["supervised"]
         active = [i for i in rows if bool(supervised[i].any())]
         if not active:
             # Nothing to learn from in these rows: a loss without a graph and no forward (the
-            # trainer keeps the ranks' forwards in step, see `Objective.loss`), and this rank's
+            # loop keeps the ranks' forwards in step, see `Objective.loss`), and this rank's
             # share of the statistics, 0, so the mean over the ranks counts every rank.
             return torch.zeros(()), self._zero_stats(batch)
         completions = [batch.rollouts[i].completion_ids for i in active]
-        student, teacher = self._scores(batch, active, trainer)
+        student, teacher = self._scores(loop, batch, active)
         length = student.token_logprobs.shape[1]  # the longest of these rows' completions
         mask = supervised[active][:, :length]
         old = None if batch.old_logprobs is None else \
@@ -279,8 +289,8 @@ class SDPOObjective(Objective):
                           alpha=cfg.alpha, is_clip=cfg.is_clip, normalizer=batch.total_tokens,
                           sampler_weights=sampled)
         teacher_prompts = batch.extra["teacher_prompt_ids"]
-        trainer.counters.add("teacher_tokens", sum(len(teacher_prompts[i]) + len(c)
-                                                   for i, c in zip(active, completions)))
+        loop.counters.add("teacher_tokens", sum(len(teacher_prompts[i]) + len(c)
+                                                for i, c in zip(active, completions)))
         # KL(student || teacher) estimated on the sampled tokens (they are drawn from the student)
         log_ratio = (student.token_logprobs.detach() - teacher.token_logprobs).clamp(-20, 20)
         stats = {"teacher_kl": float(batch.token_mean(log_ratio, mask)),
@@ -289,7 +299,7 @@ class SDPOObjective(Objective):
         stats.update(self._stop_probabilities(batch, active, student, teacher))
         return batch.rank_term(terms.loss), stats
 
-    def _scores(self, batch: RolloutBatch, active: list[int], trainer: OnPolicyTrainer
+    def _scores(self, loop: TrainingLoop, batch: RolloutBatch, active: list[int]
                 ) -> tuple[DistillationScores, DistillationScores]:
         """The student's scores of `active` rows' completions (with grad, through the prepared
         student) and the teacher's under the teacher prompts (no grad), as the divergence needs:
@@ -298,9 +308,9 @@ class SDPOObjective(Objective):
         completions = [batch.rollouts[i].completion_ids for i in active]
         student_prompts = [batch.rollouts[i].prompt_ids for i in active]
         teacher_prompts = [batch.extra["teacher_prompt_ids"][i] for i in active]
-        common = {"temperature": batch.temperature, "chunk_size": trainer.chunk_size}
+        common = {"temperature": batch.temperature, "chunk_size": self.chunk_size}
         if cfg.divergence == "sampled_token":
-            scored = completion_logprobs(trainer.train_model, student_prompts, completions,
+            scored = completion_logprobs(loop.train_model, student_prompts, completions,
                                          grad=True, **common)
             started = time.perf_counter()
             with torch.no_grad():
@@ -309,7 +319,7 @@ class SDPOObjective(Objective):
             self.teacher_seconds += time.perf_counter() - started
             return DistillationScores(scored.logprobs), DistillationScores(by_teacher.logprobs)
         topk = cfg.topk if cfg.divergence == "topk" else None
-        student = completion_distributions(trainer.train_model, student_prompts, completions,
+        student = completion_distributions(loop.train_model, student_prompts, completions,
                                            topk=topk, grad=True, **common)
         started = time.perf_counter()
         with torch.no_grad():
@@ -348,11 +358,12 @@ class SDPOObjective(Objective):
 
         return {"student_eos_prob": mean_p(student), "teacher_eos_prob": mean_p(teacher)}
 
-    def supervised_tokens(self, batch: RolloutBatch) -> int:
+    def supervised_tokens(self, batch: StepBatch) -> int:
+        assert isinstance(batch, RolloutBatch)
         return int(batch.extra["normalizer"])
 
 
-class SDPO(OnPolicyMethod):
+class SDPO(Method):
     """Self-distillation policy optimisation (the paper's SDPO_0 by default)."""
 
     name: ClassVar[str] = "sdpo"
@@ -362,8 +373,8 @@ class SDPO(OnPolicyMethod):
     Config: ClassVar[type[SDPOConfig]] = SDPOConfig
     config: SDPOConfig
 
-    def make_objective(self) -> SDPOObjective:
-        return SDPOObjective(self.config)
+    def hooks(self, ctx: StageContext) -> SDPOObjective:
+        return SDPOObjective(ctx, self.config)
 
 
 class SDPOCoT(SDPO):

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from clbench.tasks.base import THINK_CLOSE
+from clbench.api import THINK_CLOSE
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

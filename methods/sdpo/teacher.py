@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from clbench.tasks.base import THINK_CLOSE, THINK_OPEN, split_response_start
+from clbench.api import THINK_CLOSE, THINK_OPEN, split_response_start
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from clbench.tasks.base import Messages
+    from clbench.api import Messages
 
 TeacherMode = Literal["frozen", "ema", "live", "refresh"]
 TEACHER_MODES: tuple[str, ...] = ("frozen", "ema", "live", "refresh")
@@ -226,7 +226,7 @@ def fit_teacher_context(context: TeacherContext, prompt_messages: Messages, toke
     can cut the closing instruction and the assistant header; here only the privileged text is
     shortened. `max_tokens` None: no limit. An inactive context is returned as it is.
     """
-    from clbench.train.rollout import encode_chat
+    from clbench.api import encode_chat
 
     if not context.active:
         return context, None, False
