@@ -372,3 +372,20 @@ def test_report_and_comparison_key_an_entry_by_method_and_addons(tmp_path: Path)
                               "sft+replay (replay.fraction=0.5)"]
     res = CliRunner().invoke(cli, ["report", str(tmp_path / "runs" / "replay-half")])
     assert "method settings: sft's defaults; replay: fraction=0.5" in " ".join(res.output.split())
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("method, addon", [("grpo", "replay"), ("sdpo", "ewc"), ("sft", "lwf")])
+def test_an_addon_runs_the_smoke_suite_with_any_method_and_is_recorded(
+        tmp_path: Path, method: str, addon: str) -> None:
+    out = tmp_path / "run"
+    res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", method, "--addon", addon,
+                                   "--out", str(out), "--no-base-cache"])
+    assert res.exit_code == 0, res.output
+    result = read_results(out / "results.json")
+    assert result.status == "complete" and result.entry_name() == f"{method}+{addon}"
+    (recorded,) = result.addons
+    defaults = registry.load_addon_class(addon).Config().model_dump(mode="json")
+    assert (recorded.name, recorded.config, recorded.distribution) == (addon, defaults, "clbench")
+    identity = json.loads((out / "run.json").read_text())
+    assert identity["addons"] == [{"name": addon, "params": defaults}]

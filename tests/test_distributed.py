@@ -465,3 +465,31 @@ def _ddp_steps_worker(first: str, out: Path) -> None:
 if __name__ == "__main__":  # accelerate launch ... tests/test_distributed.py ddp-steps FIRST OUT
     if sys.argv[1:2] == ["ddp-steps"]:
         _ddp_steps_worker(sys.argv[2], Path(sys.argv[3]))
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_two_processes_with_addons_take_the_one_process_steps(tmp_path: Path) -> None:
+    """SFT with replay, EWC and LwF under DDP: replay chooses the whole step's items before
+    they are split, EWC's penalty is the same on every rank, LwF's forward is a second one
+    through the prepared student before the one backward and divides by the step's tokens over
+    every rank, so two processes take the one-process steps (the same losses and terms)."""
+    from clbench.cli import cli
+
+    args = ["run", "--suite", "smoke", "--method", "sft", "--device", "cpu", "--no-base-cache",
+            "--addon", "replay", "--addon", "ewc", "--addon", "lwf", "--set", "method.lr=1e-3",
+            "--set", "model.dtype=float32", "--set", "addon.replay.fraction=0.5", *SMALL]
+    single, two = tmp_path / "single", tmp_path / "two"
+    res = CliRunner().invoke(cli, [*args, "--out", str(single)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    proc = _launch([*args, "--out", str(two)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for stage in (1, 2):
+        alone, shared = (json.loads((run / "stages" / f"stage{stage}.json").read_text())["steps"]
+                         for run in (single, two))
+        for key in ("loss", "grad_norm", "ewc_penalty", "lwf_kl", "replayed_fraction"):
+            assert [s.get(key, 0.0) for s in shared] == pytest.approx(
+                [s.get(key, 0.0) for s in alone], rel=1e-4, abs=1e-9), key
+    steps = json.loads((two / "stages" / "stage2.json").read_text())["steps"]
+    assert steps[-1]["ewc_penalty"] > 0 and steps[-1]["lwf_kl"] > 0  # the terms acted
+    assert [s["replayed_fraction"] for s in steps] == [0.5, 0.5]
