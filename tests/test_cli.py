@@ -208,19 +208,19 @@ def test_run_plan(write_suite, fake_plugins, columns: str) -> None:
     assert '"lr": 1e-05' in out and '"beta": 0.5' in out  # resolved method config
 
 
-def test_run_calls_the_protocol_and_prints_its_result(write_suite, fake_plugins, monkeypatch,
+def test_run_calls_the_recipe_and_prints_its_result(write_suite, fake_plugins, monkeypatch,
                                                       tmp_path: Path) -> None:
     from clbench.results import new_result
 
     calls = []
-    fake = types.ModuleType("clbench.run.protocol")
+    fake = types.ModuleType("clbench.run.recipe")
 
     def execute(run, resume, console):
         calls.append((run, resume))
         return new_result(run)
 
     fake.execute = execute  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "clbench.run.protocol", fake)
+    monkeypatch.setitem(sys.modules, "clbench.run.recipe", fake)
     out = tmp_path / "out"
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method", "--out",
                     str(out), "--resume", "--model", "tiny-llama", "--device", "cpu")
@@ -295,9 +295,9 @@ def test_ctrl_c_exits_130_without_traceback(write_suite, fake_plugins, monkeypat
     def interrupted(run, resume, console):
         raise KeyboardInterrupt
 
-    fake = types.ModuleType("clbench.run.protocol")
+    fake = types.ModuleType("clbench.run.recipe")
     fake.execute = interrupted  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "clbench.run.protocol", fake)
+    monkeypatch.setitem(sys.modules, "clbench.run.recipe", fake)
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
     assert result.exit_code == 130
     assert result.stderr == "interrupted\n" and "Traceback" not in result.output
@@ -311,9 +311,9 @@ def test_sigterm_during_a_command_exits_143_and_restores_the_handler(write_suite
         time.sleep(5)  # the handler raises before this returns
         raise AssertionError("SIGTERM did not stop the command")
 
-    fake = types.ModuleType("clbench.run.protocol")
+    fake = types.ModuleType("clbench.run.recipe")
     fake.execute = terminated  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "clbench.run.protocol", fake)
+    monkeypatch.setitem(sys.modules, "clbench.run.recipe", fake)
     before = signal.getsignal(signal.SIGTERM)
     result = invoke("run", "--suite", str(write_suite()), "--method", "fake-method")
     assert result.exit_code == 143

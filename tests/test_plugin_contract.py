@@ -123,19 +123,19 @@ def test_a_method_records_the_commit_of_the_checkout_holding_its_code(
 
 def test_a_built_in_method_from_another_checkout_than_clbench_is_warned_about(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from clbench.run import protocol
+    from clbench.run import setup
 
-    monkeypatch.setattr(protocol, "git_revision", lambda: "a" * 40)
-    with caplog.at_level("WARNING", logger=protocol.log.name):
-        protocol.warn_if_another_checkout("sft", registry.Origin(
+    monkeypatch.setattr(setup, "git_revision", lambda: "a" * 40)
+    with caplog.at_level("WARNING", logger=setup.log.name):
+        setup.warn_if_another_checkout("sft", registry.Origin(
             "clbench", "0.1.0", "clbench_methods.sft:SFT", "b" * 40 + "+dirty"))
         (record,) = caplog.records
         assert record.getMessage().startswith(
             f"the method 'sft' ships with clbench but its code is from a checkout at {'b' * 40}"
             f"+dirty, clbench's from one at {'a' * 40}")
         caplog.clear()
-        protocol.warn_if_another_checkout("sft", registry.Origin(  # one checkout
+        setup.warn_if_another_checkout("sft", registry.Origin(  # one checkout
             "clbench", "0.1.0", "clbench_methods.sft:SFT", "a" * 40))
-        protocol.warn_if_another_checkout("mine", registry.Origin(  # not a built-in
+        setup.warn_if_another_checkout("mine", registry.Origin(  # not a built-in
             "my-methods", "1.0", "my_methods:Mine", "b" * 40))
         assert caplog.records == []

@@ -131,11 +131,11 @@ def test_a_run_reports_its_own_peak_memory_not_an_earlier_runs_in_the_process(
     assert peak is not None and 0 < peak < high_water - 2**29, (peak, high_water)
 
 
-@pytest.mark.parametrize("stopped_in", ["fill_metrics", "print_summary"])  # by the run, the CLI
+@pytest.mark.parametrize("stopped_in", ["metric_values", "print_summary"])  # by the run, the CLI
 def test_ctrl_c_after_the_last_row_says_whether_the_run_completed(tmp_path: Path, monkeypatch,
                                                                   stopped_in: str) -> None:
     from clbench.report import runs
-    from clbench.run import protocol
+    from clbench.run import recipe
 
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 2"))
     out = tmp_path / "run"
@@ -146,7 +146,7 @@ def test_ctrl_c_after_the_last_row_says_whether_the_run_completed(tmp_path: Path
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:
-        patch.setattr(runs if stopped_in == "print_summary" else protocol, stopped_in, ctrl_c)
+        patch.setattr(runs if stopped_in == "print_summary" else recipe, stopped_in, ctrl_c)
         res = run_cli(args)
     said = " ".join(res.output.split())
     assert res.exit_code == 130 and "Traceback" not in res.output

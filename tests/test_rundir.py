@@ -234,12 +234,12 @@ def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
     the broadcast: a rank left waiting in it while the main one raised would hang the launch."""
     from fakes import SUITE, run_cli, write_suite
 
-    from clbench.run import protocol
+    from clbench.run import recipe, rundir
 
     def unlockable(run_dir: Path) -> None:
         raise PermissionError(13, "Permission denied", str(run_dir / ".running"))
 
-    real = protocol.make_distributed
+    real = recipe.make_distributed
     broadcasts = []
 
     def recording(run):  # the single-process helper, its broadcasts recorded
@@ -248,8 +248,8 @@ def test_a_folder_that_cannot_be_locked_is_refused_on_every_rank(tmp_path: Path,
         dist.broadcast = lambda obj: broadcasts.append(obj) or original(obj)
         return dist
 
-    monkeypatch.setattr(protocol, "lock_run_dir", unlockable)
-    monkeypatch.setattr(protocol, "make_distributed", recording)
+    monkeypatch.setattr(rundir, "lock_run_dir", unlockable)
+    monkeypatch.setattr(recipe, "make_distributed", recording)
     suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
     res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
                    "--out", str(tmp_path / "run")])

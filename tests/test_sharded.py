@@ -20,7 +20,7 @@ from test_distributed import _launch
 
 from clbench.errors import UserError
 from clbench.results import read_results
-from clbench.run.protocol import check_sharding_support
+from clbench.run.setup import check_sharding_support
 from clbench.spec.schema import MethodSpec
 from clbench.train.distributed import FSDP2_ACCELERATE, sharding_of
 

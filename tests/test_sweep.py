@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 from clbench.cli import cli
 from clbench.errors import UserError, terminate_as_interrupt
 from clbench.results import read_results, write_results
-from clbench.run.protocol import RunInterrupted
+from clbench.run.recipe import RunInterrupted
 from clbench.spec.options import RunOptions, RunSettings
 from clbench.sweep import children as sweep_children
 from clbench.sweep import grid as sweep_module

@@ -70,20 +70,20 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
     elif plan_only:
         from clbench.report.runs import print_resolution
 
-        print_resolution(console, importlib.import_module("clbench.run.protocol").resolution(run))
+        print_resolution(console, importlib.import_module("clbench.run.setup").resolution(run))
     if plan_only:
         return
     # Imported here so that listing, validating and planning stay quick (no torch import).
-    protocol = importlib.import_module("clbench.run.protocol")
+    recipe = importlib.import_module("clbench.run.recipe")
     from clbench.train.distributed import launched_as_main
 
-    result = protocol.execute(run, resume=resume, console=console)
+    result = recipe.execute(run, resume=resume, console=console)
     if launched_as_main():
         try:
             print_summary(console, result)
         except KeyboardInterrupt as exc:  # the results are written: say so, not "interrupted"
             detail = f"the run had completed: clbench report {shlex.quote(run.out_dir)} prints it"
-            raise protocol.RunInterrupted.after(exc, detail) from None
+            raise recipe.RunInterrupted.after(exc, detail) from None
 
 
 def _print_estimate(run: Any, console: Console) -> None:
@@ -93,10 +93,10 @@ def _print_estimate(run: Any, console: Console) -> None:
 
     from clbench.report.runs import print_estimate
 
-    protocol = importlib.import_module("clbench.run.protocol")
+    setup = importlib.import_module("clbench.run.setup")
     started = time.monotonic()
     with console.status("calibrating on this machine: loading the model") as status:
-        estimate, resolved = protocol.estimate(
+        estimate, resolved = setup.estimate(
             run, on_step=lambda what: status.update(f"calibrating on this machine: {what}"))
     print_estimate(console, estimate, resolved, time.monotonic() - started)
 

@@ -1,6 +1,6 @@
 """What every part of one run shares while it runs, passed as one object.
 
-The stage loop (:mod:`clbench.run.protocol`) builds a :class:`RunContext` once the run's folder
+The run's recipe (:mod:`clbench.run.recipe`) builds a :class:`RunContext` once the run's folder
 is claimed and its model loaded; training a stage (:mod:`clbench.run.stages`) and evaluating a
 row (:mod:`clbench.run.rows`) take it instead of a dozen parameters each.
 """

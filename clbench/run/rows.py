@@ -9,8 +9,8 @@ A row is saved column by column: each column's records, then its cell in
 `items/row{t}/cells.json`, stamped with everything the evaluation depends on besides the model's
 weights (:func:`clbench.run.baserow.evaluation_stamp`). A run stopped halfway through a row
 evaluates only the columns not saved when it resumes, with the same model (the trained stage's
-checkpoint, see :mod:`clbench.run.protocol`) under the same stamp (same items, decoding, device
-kind and precision, library versions and code); the protocol removes a row's saved cells
+checkpoint, see :mod:`clbench.run.recipe`) under the same stamp (same items, decoding, device
+kind and precision, library versions and code); the recipe removes a row's saved cells
 whenever it trains that stage afresh.
 """
 
@@ -121,15 +121,10 @@ def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
     main process (the others wait for its cell). Only the main process writes records;
     `ctx.on_saved` is called after each column is saved (:class:`clbench.results.KeptTime`).
     """
-    run, run_dir, dist, plans, stamp = ctx.run, ctx.run_dir, ctx.dist, ctx.plans, ctx.stamp
-    model, tokenizer, progress, on_saved = ctx.model, ctx.tokenizer, ctx.progress, ctx.on_saved
-    decoding = run.suite.protocol.decoding
-    world = dist.num_processes if dist is not None else 1
+    dist = ctx.dist
     main = dist is None or dist.is_main
-    sharded = dist is not None and world > 1
-    boot = run.suite.protocol.bootstrap_samples
-    saved = saved_cells(run_dir, row, plans, stamp) if main else None
-    if dist is not None and world > 1:
+    saved = saved_cells(ctx.run_dir, row, ctx.plans, ctx.stamp) if main else None
+    if dist is not None and dist.num_processes > 1:
         saved = dist.broadcast(saved)  # the main process's reading, on every process
     assert saved is not None
     if saved:
@@ -137,57 +132,70 @@ def evaluate_row(ctx: RunContext, row: int) -> list[CellResult]:
                  ", ".join(saved))
     summaries = {name: cell.summary() for name, cell in saved.items()}
     cells = []
-    for plan in plans:
+    for plan in ctx.plans:
         if plan.name in saved:
             cells.append(saved[plan.name])
             continue
-        if plan.task is not None:
-            examples, first, label = plan.examples, 0, f"row {row}: eval {plan.name}"
-            if sharded:
-                from clbench.train.distributed import eval_share
-
-                share = eval_share(len(examples), dist.process_index, world)
-                examples, first = examples[share.start:share.stop], share.start
-                # the bar counts this process's items (only the main process shows it)
-                label += f" (items {first + 1}-{first + len(examples)} of {len(plan.examples)})"
-            # Seeded per column (and share): a column sampled after a resume that skipped the
-            # columns before it draws what it would have drawn.
-            generate = make_generate_fn(model, tokenizer, decoding,
-                                        seed=derive_seed(run.seed, row, "eval", plan.name, first),
-                                        engine=run.model.generation)
-            cell = evaluate_column(plan.name, plan.task, examples, generate,
-                                   batch_size=decoding.batch_size,
-                                   bootstrap_samples=0 if sharded else boot,  # after the gather
-                                   progress=progress,
-                                   description=label)
-            if sharded:
-                cell = summarise_cell(plan.name, dist.gather(cell.records), boot)
-        else:
-            cell = None
-            if main:
-                from clbench.eval.lmeval import run_probe
-
-                base = Path(run.suite_file).parent if run.suite_file else None
-                # Seeded per column, not per run: every run and row sees the same few-shot
-                # examples, so the base row is the same for every seed (clbench.run.baserow).
-                cell = run_probe(plan.name, model, tokenizer, plan.probe, base_dir=base,
-                                 batch_size=decoding.batch_size,
-                                 seed=derive_seed("lmeval", plan.name),
-                                 bootstrap_samples=boot)
-            if dist is not None:
-                cell = dist.broadcast(cell)
-            assert cell is not None
+        cell = _task_cell(ctx, row, plan) if plan.task is not None else _probe_cell(ctx, plan)
         if main:
-            write_records(records_path(run_dir, row, plan.name), cell.records)
+            write_records(records_path(ctx.run_dir, row, plan.name), cell.records)
             summaries[plan.name] = cell.summary()
             # NaN allowed: an lm-eval score may be one (results.json writes it as null)
-            atomic_write_text(_cells_path(run_dir, row), json.dumps(
-                {"stamp": stamp, "cells": summaries}, ensure_ascii=False))
-            on_saved()
+            atomic_write_text(_cells_path(ctx.run_dir, row), json.dumps(
+                {"stamp": ctx.stamp, "cells": summaries}, ensure_ascii=False))
+            ctx.on_saved()
         log.info("row %d column %s: score %s over %d items", row, plan.name, cell.score, cell.n)
         cells.append(cell)
         release_free_memory()  # the column's KV caches and logits are freed: return their pages
     return cells
+
+
+def _task_cell(ctx: RunContext, row: int, plan: ColumnPlan) -> CellResult:
+    """A clbench task's column: its items decoded and graded (this process's share of them
+    under several processes, the records then gathered in item order)."""
+    run, dist = ctx.run, ctx.dist
+    decoding, boot = run.suite.protocol.decoding, run.suite.protocol.bootstrap_samples
+    sharded = dist is not None and dist.num_processes > 1
+    examples, first, label = plan.examples, 0, f"row {row}: eval {plan.name}"
+    if sharded:
+        from clbench.train.distributed import eval_share
+
+        share = eval_share(len(examples), dist.process_index, dist.num_processes)
+        examples, first = examples[share.start:share.stop], share.start
+        # the bar counts this process's items (only the main process shows it)
+        label += f" (items {first + 1}-{first + len(examples)} of {len(plan.examples)})"
+    # Seeded per column (and share): a column sampled after a resume that skipped the columns
+    # before it draws what it would have drawn.
+    generate = make_generate_fn(ctx.model, ctx.tokenizer, decoding,
+                                seed=derive_seed(run.seed, row, "eval", plan.name, first),
+                                engine=run.model.generation)
+    cell = evaluate_column(plan.name, plan.task, examples, generate,  # type: ignore[arg-type]
+                           batch_size=decoding.batch_size,
+                           bootstrap_samples=0 if sharded else boot,  # after the gather
+                           progress=ctx.progress, description=label)
+    if sharded:
+        cell = summarise_cell(plan.name, dist.gather(cell.records), boot)  # type: ignore[union-attr]
+    return cell
+
+
+def _probe_cell(ctx: RunContext, plan: ColumnPlan) -> CellResult:
+    """An lm-eval probe's column, run on the main process and told to the others."""
+    from clbench.eval.lmeval import run_probe
+
+    run, dist = ctx.run, ctx.dist
+    cell = None
+    if dist is None or dist.is_main:
+        base = Path(run.suite_file).parent if run.suite_file else None
+        # Seeded per column, not per run: every run and row sees the same few-shot examples,
+        # so the base row is the same for every seed (clbench.run.baserow).
+        cell = run_probe(plan.name, ctx.model, ctx.tokenizer, plan.probe, base_dir=base,
+                         batch_size=run.suite.protocol.decoding.batch_size,
+                         seed=derive_seed("lmeval", plan.name),
+                         bootstrap_samples=run.suite.protocol.bootstrap_samples)
+    if dist is not None:
+        cell = dist.broadcast(cell)
+    assert cell is not None
+    return cell
 
 
 def _cells_path(run_dir: Path, row: int) -> Path:

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import shlex
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from clbench.atomic import atomic_dir, lock_is_held, try_file_lock
+from clbench.atomic import atomic_dir, atomic_write_json, lock_is_held, try_file_lock
 from clbench.errors import UserError
 from clbench.migrations import progress_state
 from clbench.models import absolute_model_name
@@ -175,6 +176,68 @@ def check_run_dir(run_dir: Path, identity: dict[str, Any], resume: bool,
                           "print its results with `clbench report`), or choose another --out")
     path = run_dir / RESULTS_FILENAME
     return read_results(path) if path.is_file() else None
+
+
+class ClaimedFolder:
+    """A run folder this process holds (see :func:`claimed_run_folder`): `previous` is the run's
+    result so far (None for a fresh run); :meth:`start` marks it as this run's."""
+
+    def __init__(self, run_dir: Path, previous: RunResult | None, main: bool) -> None:
+        self.run_dir, self.previous, self.main = run_dir, previous, main
+        self.log_handler: logging.Handler | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.log_handler is not None
+
+    def start(self, identity: dict[str, Any]) -> None:
+        """Write the run's identity and log to its `run.log` (the main process): from here on
+        the folder holds this run."""
+        if not self.main:
+            return
+        atomic_write_json(self.run_dir / IDENTITY_FILE, identity)
+        handler = logging.FileHandler(self.run_dir / "run.log", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root = logging.getLogger("clbench")
+        root.addHandler(handler)
+        root.setLevel(min(root.level or logging.INFO, logging.INFO))
+        self.log_handler = handler
+
+
+@contextlib.contextmanager
+def claimed_run_folder(run_dir: Path, identity: dict[str, Any], resume: bool,
+                       dist: Any) -> Iterator[ClaimedFolder]:
+    """Hold `run_dir` for this run: refused when it holds another run (or this one without
+    `resume`); created and locked by the main process (every process is told a refusal); read
+    again under the lock, since a process that held it may have finished the run since. On
+    leaving, the log is detached and the lock released; a folder the run never started in
+    (:meth:`ClaimedFolder.start`) is removed again, so a corrected command can use it."""
+    created = first_missing_folder(run_dir)  # what locking creates, removed if unused
+    lock, refusal = None, None
+    if dist.is_main:
+        try:
+            lock = lock_run_dir(run_dir)
+        except RunDirError as exc:
+            refusal = str(exc)
+        except OSError as exc:  # e.g. a read-only folder: said to every rank, none left waiting
+            refusal = (f"cannot create or lock the run folder {run_dir} "
+                       f"({exc.strerror or exc}); choose another --out")
+    refusal = dist.broadcast(refusal)
+    if refusal is not None:
+        raise RunDirError(refusal)
+    folder = ClaimedFolder(run_dir, None, dist.is_main)
+    try:
+        folder.previous = check_run_dir(run_dir, identity, resume, locked_by_us=True)
+        dist.wait()
+        yield folder
+    finally:
+        if folder.log_handler is not None:
+            logging.getLogger("clbench").removeHandler(folder.log_handler)
+            folder.log_handler.close()
+        if lock is not None:
+            if not folder.started:  # stopped before it held anything: leave no trace
+                release_unused_run_dir(run_dir, created)
+            lock.close()
 
 
 def lock_run_dir(run_dir: Path) -> IO[str]:

@@ -8,7 +8,7 @@ A trained stage is kept before its row of R is evaluated: first the method's rep
 (`stages/stage{t}.json`), then the checkpoint (:func:`clbench.run.rundir.save_checkpoint`), then the
 older checkpoints are pruned. So a checkpoint of a stage always has its report beside it, and a
 run stopped while evaluating the stage resumes with :func:`trained_report` and the checkpoint
-instead of training it again. The stage loop itself is :mod:`clbench.run.protocol`.
+instead of training it again. The run itself is :mod:`clbench.run.recipe`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from clbench.train.addons import AddOn
     from clbench.train.api import Method, StageReport
 
-log = logging.getLogger("clbench.run.protocol")
+log = logging.getLogger("clbench.run.stages")
 
 
 def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
@@ -45,66 +45,33 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
                 ) -> StageReport:
     """Train stage `stage` (1-based) on `task`'s `train_examples` with the method, seeded from
     (run seed, stage); the method's report. Each step is logged and advances a progress bar.
-    The method's progress is checkpointed every `run.checkpoint_minutes`
-    (:func:`clbench.run.rundir.save_progress_checkpoint`); `resume` is such a checkpoint's
-    progress when the stage continues after a stop (the student and the method's state already
-    restored). `ctx.on_saved` is called after each such checkpoint
-    (:class:`clbench.results.KeptTime`)."""
+    The method's progress is checkpointed every `run.checkpoint_minutes` (:class:`StepCheckpoints`);
+    `resume` is such a checkpoint's progress when the stage continues after a stop (the student
+    and the method's state already restored)."""
     from clbench.train.api import StageContext
 
-    run, run_dir, dist, progress = ctx.run, ctx.run_dir, ctx.dist, ctx.progress
-    model, tokenizer, train_model = ctx.model, ctx.tokenizer, ctx.train_model
+    run, dist, progress = ctx.run, ctx.dist, ctx.progress
     assert dist is not None  # training always has the run's accelerator
-
     spec = run.training_stages()[stage - 1]
-    total = spec.budget.steps
     stage_seed = derive_seed(run.seed, stage)
     seed_everything(stage_seed)
-    steps_bar = progress.add_task(f"stage {stage} {spec.name}: train", total=total,
+    steps_bar = progress.add_task(f"stage {stage} {spec.name}: train", total=spec.budget.steps,
                                   completed=0 if resume is None else int(resume["step"]) + 1)
-    last_saved = time.monotonic()
 
     def log_step(record: dict[str, Any]) -> None:
         progress.advance(steps_bar)
         log.info("stage %d step %s", stage, json.dumps(record, default=str))
 
-    def save_progress(step: int, state: Callable[[], dict[str, Any]],
-                      counts: dict[str, int] | None = None) -> None:
-        nonlocal last_saved
-        # not after the last step: the stage's own checkpoint follows at once
-        due = step + 1 < total and time.monotonic() - last_saved >= run.checkpoint_minutes * 60
-        if not dist.broadcast(due):  # one decision for every process
-            return
-        summed = dist.sum_counts(counts or {})  # a collective: every process
-        # sharded, gathering the optimizer's shards is a collective too
-        progress = state() if dist.is_main or dist.sharding is not None else None
-        if dist.is_main:
-            saved = {**progress, "counters": summed}
-            save_progress_checkpoint(run_dir, stage, step, model, method, saved)
-            log.info("stage %d: checkpoint after step %d of %d", stage, step + 1, total)
-            ctx.on_saved()
-        dist.wait()
-        last_saved = time.monotonic()
-
     stage_ctx = StageContext(
-        model=model, tokenizer=tokenizer, task=task, train_examples=train_examples,
+        model=ctx.model, tokenizer=ctx.tokenizer, task=task, train_examples=train_examples,
         budget=spec.budget, stage_index=stage, stage_name=spec.name, seed=stage_seed,
-        device=dist.device, work_dir=run_dir / "work" / f"stage{stage}", log_step=log_step,
-        dist=dist, train_model=train_model, save_progress=save_progress, resume=resume,
-        generation=run.model.generation, nonfinite_loss=run.suite.protocol.nonfinite_loss,
-        tasks=ctx.tasks, addons=ctx.addons)
+        device=dist.device, work_dir=ctx.run_dir / "work" / f"stage{stage}", log_step=log_step,
+        dist=dist, train_model=ctx.train_model, save_progress=StepCheckpoints(ctx, stage, method),
+        resume=resume, generation=run.model.generation,
+        nonfinite_loss=run.suite.protocol.nonfinite_loss, tasks=ctx.tasks, addons=ctx.addons)
     stage_ctx.work_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        report = method.train_stage(stage_ctx)
-    except (UserError, OSError):  # the user's to fix (a setting, a full disk): said as it is
-        raise
-    except Exception as exc:
-        plugin = f"{type(method).__module__}.{type(method).__qualname__}"
-        log.exception("stage %d: the method %s (%s) raised", stage, run.method.name, plugin)
-        raise RunFailed(f"stage {stage} ({spec.name}): the method {run.method.name!r} ({plugin}) "
-                        f"raised {type(exc).__name__}: {exc}. The traceback is in "
-                        f"{run_dir / 'run.log'} (--debug prints it)") from exc
-    check_stage_report(run.method.name, stage, total, report)
+    report = _run_method(ctx, method, stage_ctx)
+    check_stage_report(run.method.name, stage, spec.budget.steps, report)
     if ctx.addons and not stage_ctx.addons_applied:
         raise PluginError(f"the method {run.method.name!r} trains a stage without clbench's "
                           "training loop (it overrides train_stage), so the add-ons "
@@ -116,6 +83,56 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
                            "of this stage is not the uninterrupted one")
     progress.remove_task(steps_bar)
     return report
+
+
+def _run_method(ctx: RunContext, method: Method, stage_ctx: Any) -> StageReport:
+    """`method.train_stage(stage_ctx)`; a method that raises fails the run with one message
+    naming it (the traceback in run.log), but the user's own mistakes are said as they are."""
+    try:
+        return method.train_stage(stage_ctx)
+    except (UserError, OSError):  # the user's to fix (a setting, a full disk): said as it is
+        raise
+    except Exception as exc:
+        name, stage = ctx.run.method.name, stage_ctx.stage_index
+        plugin = f"{type(method).__module__}.{type(method).__qualname__}"
+        log.exception("stage %d: the method %s (%s) raised", stage, name, plugin)
+        raise RunFailed(f"stage {stage} ({stage_ctx.stage_name}): the method {name!r} "
+                        f"({plugin}) raised {type(exc).__name__}: {exc}. The traceback is in "
+                        f"{ctx.run_dir / 'run.log'} (--debug prints it)") from exc
+
+
+class StepCheckpoints:
+    """A stage's `StageContext.save_progress`: after an optimizer step, every
+    `run.checkpoint_minutes`, the loop's progress is checkpointed with the student and the
+    method's state (:func:`clbench.run.rundir.save_progress_checkpoint`); `ctx.on_saved` is
+    called after each (:class:`clbench.results.KeptTime`). Every process calls it: the decision
+    and the counters' sum are collectives."""
+
+    def __init__(self, ctx: RunContext, stage: int, method: Method) -> None:
+        self.ctx, self.stage, self.method = ctx, stage, method
+        self.total = ctx.run.training_stages()[stage - 1].budget.steps
+        self.last_saved = time.monotonic()
+
+    def __call__(self, step: int, state: Callable[[], dict[str, Any]],
+                 counts: dict[str, int] | None = None) -> None:
+        ctx, dist = self.ctx, self.ctx.dist
+        assert dist is not None
+        # not after the last step: the stage's own checkpoint follows at once
+        due = step + 1 < self.total and \
+            time.monotonic() - self.last_saved >= ctx.run.checkpoint_minutes * 60
+        if not dist.broadcast(due):  # one decision for every process
+            return
+        summed = dist.sum_counts(counts or {})  # a collective: every process
+        # sharded, gathering the optimizer's shards is a collective too
+        progress = state() if dist.is_main or dist.sharding is not None else None
+        if dist.is_main:
+            save_progress_checkpoint(ctx.run_dir, self.stage, step, ctx.model, self.method,
+                                     {**progress, "counters": summed})  # type: ignore[dict-item]
+            log.info("stage %d: checkpoint after step %d of %d", self.stage, step + 1,
+                     self.total)
+            ctx.on_saved()
+        dist.wait()
+        self.last_saved = time.monotonic()
 
 
 def check_stage_report(method: str, stage: int, steps: int, report: Any) -> None:

@@ -39,7 +39,7 @@ from clbench.errors import (
 )
 from clbench.progress import clock_time, draws_live
 from clbench.results import RESULTS_FILENAME
-from clbench.run.protocol import RunInterrupted
+from clbench.run.recipe import RunInterrupted
 from clbench.run.rundir import what_is_saved
 from clbench.spec.options import RunOptions
 from clbench.spec.schema import RunSpec

@@ -3,7 +3,7 @@
 This module owns the grid: enumerating and validating its runs, skipping complete ones, running
 the others one at a time in this process (`jobs=1`) or up to N at a time as child processes
 (:mod:`clbench.sweep.children`), and the closing comparison over seeds. One run itself is
-:func:`clbench.run.protocol.execute`.
+:func:`clbench.run.recipe.execute`.
 
 A run that fails does not stop the others; the sweep lists it (with the end of its log, for a
 child) and exits non-zero after the comparison of what completed; so does a child stopped by a
@@ -29,8 +29,9 @@ from clbench.report.comparison import (
 from clbench.report.intransigence import add_intransigence
 from clbench.report.runs import collect_results, print_summary
 from clbench.results import RESULTS_FILENAME
-from clbench.run.protocol import RunInterrupted, check_lm_eval_probes, execute
+from clbench.run.recipe import RunInterrupted, execute
 from clbench.run.rundir import IDENTITY_FILE, check_run_dir, run_identity
+from clbench.run.setup import check_lm_eval_probes
 from clbench.spec.options import RunOptions, RunSettings
 from clbench.spec.schema import RunSpec
 from clbench.sweep.children import (
