@@ -57,7 +57,7 @@ Not matched (and why)
   batch, each row its own uniforms; TRL: `model.generate` over the padded batch until every row
   ends). Completions, their lengths, rewards and how many SDPO rollouts get a teacher differ per
   step, so the step times carry that noise (see gen tok/step) and the losses are compared as
-  magnitudes only. The loss functions themselves are tested equal in tests/test_losses.py.
+  magnitudes only. The loss functions themselves are tested equal in tests/train/test_losses.py.
 - SDPO's loss aggregation: TRL 1.16 hard-codes the mean over rollouts of each rollout's token
   mean (rollouts without a teacher count as 0); clbench takes the token mean over the step's
   supervised tokens. No TRL setting changes it (loss_type acts on the policy loss only). The
@@ -431,7 +431,7 @@ def print_table(results: dict[str, dict[str, dict[str, Any]]], args: argparse.Na
           "loss+bwd. clbench prep = grade + score; TRL prep = _prepare_inputs minus generation.")
     print("Losses are on different samples (the two samplers draw differently): compare their "
           "magnitudes, not their values; the loss functions are tested equal in "
-          "tests/test_losses.py. SDPO's TRL loss is its token-mean distillation loss.")
+          "tests/train/test_losses.py. SDPO's TRL loss is its token-mean distillation loss.")
     print("Peak RSS: VmHWM of this process reset at each run's start (else sampled RSS); the "
           "whole run, model load included.")
     if "sdpo" in results:

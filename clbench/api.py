@@ -57,7 +57,6 @@ from clbench.tasks.grading import (
 from clbench.train.addons import AddOn, AddOnConfig
 from clbench.train.api import (
     STAGE_KEY,
-    VALUE_BEFORE_FIELD,
     Method,
     MethodConfig,
     StageContext,
@@ -118,7 +117,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "STAGE_KEY", "THINK_CLOSE", "THINK_OPEN", "THINK_PREFIX", "VALUE_BEFORE_FIELD", "AddOn",
+    "STAGE_KEY", "THINK_CLOSE", "THINK_OPEN", "THINK_PREFIX", "AddOn",
     "AddOnConfig", "CompletionDistributions", "DistillationScores", "Example", "Generator",
     "Grade", "HFGenerator", "Messages", "Method", "MethodConfig", "Objective",
     "OnPolicySettings", "OptimizerSettings", "Rollout", "RolloutBatch", "SamplingParams",

@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from clbench import migrations
 from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
 from clbench.spec.reading import describe_validation_error
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     import torch
 
 RESULTS_SCHEMA_VERSION = "1.4"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined);
-# 1.3: `method.git_revision`; 1.4: `addons`
+# 1.3: `method.git_revision`; 1.4: `addons`, no `drift` (always empty)
 RESULTS_FILENAME = "results.json"
 
 RunStatus = Literal["complete", "partial", "failed", "collapsed"]
@@ -92,7 +93,8 @@ class Column(Record):
                               "column; None for probes.")
     source: str = Field(description="Task source name, or `lm_eval:<task>` for lm-eval probes.")
     source_version: str | None = Field(default=None, description="The task source's `version` "
-                                       "(None: recorded before versions were; read as \"1\").")
+                                       "(None for an lm-eval probe, and where runs recorded "
+                                       "before versions were did not record it: version 1).")
 
     @model_validator(mode="after")
     def _stage_iff_stream(self) -> Column:
@@ -218,7 +220,6 @@ class RunResult(Record):
                                             "base model, row i is after stage i.")
     metrics: dict[str, MetricValue] = Field(default_factory=dict)
     stages: list[StageRecord] = Field(default_factory=list)
-    drift: dict[str, Any] = Field(default_factory=dict)
     artifacts: dict[str, Any] = Field(default_factory=dict)
     compute: Compute = Field(default_factory=Compute)
 
@@ -387,7 +388,8 @@ def read_results(path: str | os.PathLike[str]) -> RunResult:
                            f"{newer} clbench; this clbench reads {ours[0]}.x. Install a clbench "
                            f"that reads schema {found[0]}.x to use this file.")
     try:
-        return RunResult.model_validate(data, context={"lenient": found[1] > ours[1]})
+        return RunResult.model_validate(migrations.results(data),
+                                        context={"lenient": found[1] > ours[1]})
     except ValidationError as err:
         hint = f"not part of results schema {RESULTS_SCHEMA_VERSION}"
         raise ResultsError(describe_validation_error(err, str(path),

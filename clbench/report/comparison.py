@@ -45,8 +45,8 @@ def suite_hash_as_read(result: RunResult) -> str:
 
 def _versions_key(result: RunResult) -> str:
     """What tells runs of one suite apart by the versions of their task sources: nothing while
-    every source is at version 1 (runs recorded before versions were are read as 1), else a
-    short digest of the versions."""
+    every source is at version 1 (one without a version counts as 1), else a short digest of
+    the versions."""
     import hashlib
 
     versions = sorted({(c.source, c.source_version or "1") for c in result.columns

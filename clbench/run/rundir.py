@@ -24,9 +24,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from clbench import migrations
 from clbench.atomic import atomic_dir, atomic_write_json, lock_is_held, try_file_lock
 from clbench.errors import UserError
-from clbench.migrations import progress_state
 from clbench.models import absolute_model_name
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
 from clbench.seeding import rng_states
@@ -70,22 +70,17 @@ def run_identity(run: RunSpec) -> dict[str, Any]:
 def current_reading(identity: dict[str, Any], run_dir: Path | None = None,
                     stored: bool = True) -> dict[str, Any]:
     """`identity` as the current schemas read it: suite, model and method config re-validated,
-    so fields added since it was written appear at their defaults, except a method field whose
-    default changed what the method does: a `stored` identity (one written by a run) reads the
-    value from before it (:func:`clbench.train.api.config_as_recorded`). A part that no longer
-    validates is kept as written (it then differs, which is the truth).
-
-    Identities written before the suite itself was stored only have its hash; the suite is then
-    taken from the run's results.json when there is one."""
+    so fields added since it was written appear at their defaults; a `stored` identity (one
+    written by a run) goes through :mod:`clbench.migrations` first. A part that no longer
+    validates is kept as written (it then differs, which is the truth)."""
     from pydantic import ValidationError
 
     out = dict(identity)
     suite = identity.get("suite_spec")
-    if suite is None and run_dir is not None and (run_dir / RESULTS_FILENAME).is_file():
-        try:
-            suite = read_results(run_dir / RESULTS_FILENAME).suite
-        except UserError:
-            suite = None
+    if stored and suite is None and run_dir is not None:
+        suite = migrations.identity_suite(identity, _recorded_suite(run_dir))
+    if stored:
+        suite = migrations.suite(suite)
     if isinstance(suite, dict):
         try:
             spec = SuiteSpec.model_validate(suite)
@@ -97,6 +92,16 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None,
     out["method_config"] = method_config_as_read(identity.get("method", ""),
                                                  identity.get("method_config"), stored)
     return out
+
+
+def _recorded_suite(run_dir: Path) -> Any:
+    """The suite as the run's results.json holds it, if it can be read."""
+    if not (run_dir / RESULTS_FILENAME).is_file():
+        return None
+    try:
+        return read_results(run_dir / RESULTS_FILENAME).suite
+    except UserError:
+        return None
 
 
 def model_as_read(spec: Any) -> Any:
@@ -116,15 +121,14 @@ def model_as_read(spec: Any) -> Any:
 
 def method_config_as_read(name: str, config: Any, stored: bool = True) -> Any:
     """A method config as the installed method reads it: every field, those added since at
-    their defaults or, for a `stored` config (written by a run), at the value that does what
-    the run did (:func:`clbench.train.api.config_as_recorded`). As written when the method is
-    not installed or no longer takes it."""
+    their defaults or, for a `stored` config (written by a run), as :mod:`clbench.migrations`
+    reads it (at the value that does what the run did). As written when the method is not
+    installed or no longer takes it."""
     from clbench.plugins import registry
-    from clbench.train.api import config_as_recorded
 
     try:
         if stored:
-            config = config_as_recorded(registry.load_method_class(name).Config, config)
+            config = migrations.method_config(name, config)
         return registry.validate_method_params(name, config).model_dump(mode="json")
     except UserError:  # an unknown method or a config it no longer takes
         return config
@@ -351,14 +355,8 @@ def _sets_hint(stored: dict[str, Any], diffs: list[tuple[str, Any, Any]]) -> str
                and "(absent)" not in (there, now) and _set_value(there) is not None
                for path, there, now in diffs):
         return ""
-    from clbench.plugins import registry
-    from clbench.train.api import fields_before
-
-    try:
-        unrecorded = set(fields_before(registry.load_method_class(stored.get("method", "")).Config,
-                                       stored.get("method_config")))
-    except UserError:
-        unrecorded = set()
+    unrecorded = set(migrations.fields_before(stored.get("method", ""),
+                                              stored.get("method_config")))
     sets = []
     for path, there, _ in diffs:
         sets.append("--set " + shlex.quote(f"{path}={_set_value(there)}"))
@@ -453,7 +451,7 @@ def load_progress_checkpoint(folder: Path, model: Any, method: Method) -> dict[s
     folder; returns the training loop's progress (the add-ons' state in it, put back by the
     loop once the stage has started), with the RNG states under "rng"."""
     state = _read_checkpoint(folder, model, method)
-    progress = {**progress_state(state["progress"]), "rng": state["rng"]}
+    progress = {**migrations.progress_state(state["progress"]), "rng": state["rng"]}
     progress["hooks"] = _to_device(progress["hooks"], model.device)
     return progress
 

@@ -262,14 +262,11 @@ class ProtocolSpec(Spec):
                                    "score interval of its fraction correct, which keeps a width "
                                    "at 0 and 1 where a percentile bootstrap has none.")
 
+
     @field_validator("diagnostics", mode="before")
     @classmethod
-    def _from_the_reserved_list(cls, diagnostics: Any) -> Any:
-        # Until diagnostics existed the field was a list that had to be empty: suites and
-        # results written then read as the defaults.
-        if isinstance(diagnostics, list) and not diagnostics:
-            return {}
-        if isinstance(diagnostics, list):
+    def _a_mapping(cls, diagnostics: Any) -> Any:
+        if isinstance(diagnostics, list):  # the shape a guess at the field takes most often
             raise ValueError("diagnostics is a mapping of weight_drift, artifacts, "
                              "response_drift, distance and collapse settings, e.g. "
                              "{weight_drift: {k: 8}}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from clbench import migrations
 from clbench.errors import UserError
 from clbench.spec.reading import (
     SpecError,
@@ -156,7 +157,7 @@ def load_suite(ref: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Su
     if not isinstance(document.data, dict):
         raise SpecError(f"{path}: expected a mapping of suite fields at the top level, got "
                         f"{type(document.data).__name__}")
-    data = apply_overrides(document.data, overrides)
+    data = apply_overrides(migrations.suite(document.data), overrides)
     return validate_model(SuiteSpec, data, override_source(path, overrides),
                           _OverriddenDocument(document, overrides))
 

@@ -35,42 +35,10 @@ if TYPE_CHECKING:  # heavy imports only for type checkers
 #: The metadata key of a training item naming the stage it was drawn for.
 STAGE_KEY = "clbench.stage"
 
-#: Key of a field's `json_schema_extra` for a field added to a config after runs were recorded
-#: without it, when its default does not do what those runs did: the value that does. A stored
-#: run then reads with that value, so resuming it under the new default is refused with the
-#: difference named, instead of silently changing the method halfway through the run.
-VALUE_BEFORE_FIELD = "value_before_this_field"
-
-
 class MethodConfig(BaseModel):
     """Base of every method's config. Fields must carry descriptions (they are the CLI help)."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-def config_as_recorded(config_class: type[BaseModel], params: Any) -> Any:
-    """A config written by an earlier version, with each field added since that changed
-    behaviour set to its value from before (see :data:`VALUE_BEFORE_FIELD`); anything but a
-    dict (None: no settings, as in a spec) is returned as it is (validation then says what is
-    wrong with it)."""
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        return params
-    out = dict(params)
-    for name, info in config_class.model_fields.items():
-        extra = info.json_schema_extra
-        if name not in out and isinstance(extra, dict) and VALUE_BEFORE_FIELD in extra:
-            out[name] = extra[VALUE_BEFORE_FIELD]
-    return out
-
-
-def fields_before(config_class: type[BaseModel], params: Any) -> list[str]:
-    """The fields :func:`config_as_recorded` fills in for `params`."""
-    params = {} if params is None else params
-    if not isinstance(params, dict):
-        return []
-    return [name for name in config_as_recorded(config_class, params) if name not in params]
 
 
 @dataclass

@@ -18,7 +18,7 @@ the rows that are still going and nothing more:
   row draws).
 
 Greedy decoding picks the argmax, as `generate` does: on the same weights and dtype the tokens
-are those of `model.generate` (tests/test_rollout.py). Sampling is the same distribution as
+are those of `model.generate` (tests/train/test_rollout.py). Sampling is the same distribution as
 `generate`'s (temperature, then nucleus `top_p` with the same keep rule) with different draws.
 
 It needs a model whose forward takes a dynamic attention KV cache (every decoder-only

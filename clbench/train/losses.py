@@ -127,13 +127,6 @@ def kl_to_reference(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
 # SDPO divergences
 # ---------------------------------------------------------------------------------------------
 
-def selected_log_probs(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[..., token_ids]: the log-prob of each given token, in fp32."""
-    logits = logits.float()
-    picked = torch.gather(logits, -1, token_ids.long().unsqueeze(-1)).squeeze(-1)
-    return picked - torch.logsumexp(logits, dim=-1)
-
-
 def generalized_jsd(student_logp: torch.Tensor, teacher_logp: torch.Tensor,
                     alpha: float) -> torch.Tensor:
     """Divergence between two distributions given as log-probs over the last dim; sums it.

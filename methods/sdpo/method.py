@@ -28,10 +28,9 @@ import time
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from clbench.api import (
-    VALUE_BEFORE_FIELD,
     DistillationScores,
     Method,
     Objective,
@@ -64,7 +63,7 @@ class SDPOConfig(OnPolicySettings):
     lr: float = Field(default=1e-5, gt=0.0, description="Peak learning rate (reference: 1e-5). "
                       "A stage budget's `lr` overrides it.")
     warmup_steps: int = Field(
-        default=10, ge=0, json_schema_extra={VALUE_BEFORE_FIELD: 0},
+        default=10, ge=0,
         description="Linear warm-up of every stage from 0 to `lr` over this many optimizer "
         "steps (the reference: 10; step s takes lr * s / 10, so the first step only "
         "initialises AdamW's moments); at most the stage's steps - 1.")
@@ -93,13 +92,13 @@ class SDPOConfig(OnPolicySettings):
     demo_threshold: float = Field(default=0.5, ge=0.0, le=1.0, description="A sibling rollout "
                                   "with reward >= this is a demonstration.")
     feedback: FeedbackMode = Field(
-        default="none", json_schema_extra={VALUE_BEFORE_FIELD: "rich"},
+        default="none",
         description="Verifier feedback in a failed rollout's teacher context: `none` (the "
         "reference's paper runs), `format` (only a cut-off response or one without a readable "
         "answer is told so, as the reference's math verifier) or `rich` (every message, wrong "
         "values included: \"Your answer 41 is wrong.\").")
     feedback_with_demo: bool = Field(
-        default=False, json_schema_extra={VALUE_BEFORE_FIELD: True},
+        default=False,
         description="Also give feedback to a failed rollout that has a demonstration. Off, as "
         "in the reference's config (`environment_feedback_only_without_solution`): feedback "
         "only where there is no demonstration.")
@@ -109,12 +108,11 @@ class SDPOConfig(OnPolicySettings):
     strip_demo_reasoning: bool = Field(default=True, description="Remove <think>...</think> from "
                                        "demonstrations before inserting them.")
     supervision: Supervision = Field(
-        default="response", json_schema_extra={VALUE_BEFORE_FIELD: "final_line"},
+        default="response",
         description="Which completion tokens get a target: `response` "
         "(everything after the reasoning block `</think>`, the whole completion without one; "
         "the reference), `all` (reasoning included; SDPO-CoT) or `final_line` (the task's "
-        "answer line only, e.g. the `\\boxed{}` line: an ablation, recorded as `answer` by "
-        "earlier runs).")
+        "answer line only, e.g. the `\\boxed{}` line: an ablation).")
     supervise_eos: bool = Field(default=True, description="Give the end-of-sequence token that "
                                 "closes a completion a target (the references do); off, the "
                                 "decision to stop is left to the student.")
@@ -125,21 +123,6 @@ class SDPOConfig(OnPolicySettings):
         "max_reprompt_len): a longer one has its demonstration, then its feedback, cut from the "
         "end until it fits; a rollout whose prompt alone is longer gets no teacher. null: no "
         "limit.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _earlier_names(cls, data: Any) -> Any:
-        """Read settings recorded by earlier runs: `use_feedback: true/false` is `feedback:
-        rich/none`, `supervision: answer` is `final_line` (what they did)."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        if "use_feedback" in data:
-            used = data.pop("use_feedback")
-            data["feedback"] = ("rich" if used else "none") if isinstance(used, bool) else used
-        if data.get("supervision") == "answer":
-            data["supervision"] = "final_line"
-        return data
 
 
 class SDPOCoTConfig(SDPOConfig):

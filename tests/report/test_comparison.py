@@ -6,9 +6,8 @@ import io
 from pathlib import Path
 
 import pytest
-from fakes import result_of, run_spec
+from fakes import old_suite_hash, result_of, run_spec, smoke_run
 from test_pairwise import _run as complete_run
-from test_rundir import _old_hash, _run
 
 from clbench.plugins import registry
 from clbench.report.comparison import comparison as compare_groups
@@ -17,7 +16,7 @@ from clbench.results import MetricValue
 
 
 def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_path: Path) -> None:
-    run = _run(tmp_path)
+    run = smoke_run(tmp_path)
     results = []
     for seed, acc in [(0, 0.5), (1, 0.7)]:
         result = result_of(run.model_copy(update={"seed": seed}))
@@ -25,7 +24,7 @@ def test_runs_from_before_a_schema_addition_are_compared_with_later_ones(tmp_pat
         results.append(result)
     older = results[0]
     del older.suite["model"]["mixed_precision"]
-    older.suite_hash = _old_hash(older.suite)
+    older.suite_hash = old_suite_hash(older.suite)
     table = comparison([(tmp_path / f"s{r.seed}", r) for r in results])
     assert len(table) == 1  # one suite, not two
     (methods,) = table.values()

@@ -12,13 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from where import TESTS
 
 from clbench.results import read_results
 
 pytestmark = pytest.mark.e2e  # a suite run end to end
 
 
-HERE = Path(__file__).resolve().parent
+HERE = TESTS
 
 # The child runs `clbench run` through the CLI with the test plugins of fakes.py.
 CHILD = """

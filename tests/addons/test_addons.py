@@ -14,6 +14,7 @@ import torch
 from click.testing import CliRunner
 from fakes import SUITE, run_cli, write_suite
 from toy import LowercaseTask, one_thread, tiny, toy_context
+from where import SMOKE
 
 from clbench.api import STAGE_KEY, Grade, StageContext
 from clbench.cli import cli
@@ -87,7 +88,7 @@ def test_a_suites_addons_list_is_validated_and_the_command_line_appends_to_it(
         tmp_path: Path) -> None:
     from fakes import run_spec
 
-    smoke = (Path(__file__).parents[1] / "suites" / "smoke.yaml").read_text()
+    smoke = SMOKE.read_text()
     suite = tmp_path / "s.yaml"
     suite.write_text(smoke + "addons: [replay, {name: lwf, params: {weight: 0.5}}]\n")
     run = run_spec(suite, "sft", addons=["ewc", "replay"],

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fakes import run_spec
+from where import SMOKE
 
 from clbench.cli import cli
 from clbench.plugins import registry
@@ -15,7 +16,7 @@ from clbench.plugins.runspec import validate_suite_plugins
 from clbench.spec.reading import SpecError
 from clbench.spec.suites import load_suite
 
-SMOKE = Path(__file__).resolve().parents[1] / "suites" / "smoke.yaml"
+SMOKE = SMOKE
 
 
 def _suite(tmp_path: Path, methods: str, name: str = "smoke-settings.yaml") -> Path:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner, Result
+from where import SMOKE
 
 from clbench.cli import cli
 from clbench.errors import UserError, terminate_as_interrupt
@@ -256,7 +257,7 @@ def test_an_unknown_lm_eval_probe_stops_the_sweep_before_any_run(
         raise AssertionError("a run was started")
 
     monkeypatch.setattr(ChildLauncher, "start", no_child)
-    smoke = (Path(__file__).parents[1] / "suites" / "smoke.yaml").read_text()
+    smoke = SMOKE.read_text()
     suite = tmp_path / "probed.yaml"
     suite.write_text(smoke.replace("protocol:", (
         "  - name: general\n    kind: general\n    lm_eval: {task: clbench_general_mcq}\n"

@@ -12,6 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from toy import one_thread, tiny, toy_context
+from where import SMOKE
 
 from clbench.cli import cli
 from clbench.plugins import registry
@@ -30,7 +31,7 @@ def _load(group: str, name: str) -> type:
 @pytest.mark.e2e
 def test_the_examples_run_the_smoke_suite_and_are_recorded(tmp_path: Path) -> None:
     suite = tmp_path / "units.yaml"
-    smoke = (Path(__file__).parents[1] / "suites" / "smoke.yaml").read_text()
+    smoke = SMOKE.read_text()
     arithmetic = 'source: math.arithmetic\n      params: {digits: 1, operands: 2, operators: "+"}'
     assert arithmetic in smoke
     suite.write_text(smoke.replace(arithmetic, "source: units.conversion"))

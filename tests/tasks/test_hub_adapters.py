@@ -6,16 +6,15 @@ them through the same `datasets.load_dataset` path as hub data (JSON, JSONL and 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from where import FIXTURES
 
 from clbench.errors import UserError
 from clbench.tasks.hub import HubDataError
 from clbench.tasks.math.hub import AIME24, AIME25, GSM8K, MATH500, DAPOMath
 from clbench.tasks.science.hub import GPQA, SciKnowEval, SciQ
 
-FIXTURES = Path(__file__).parent / "fixtures" / "hub"
+FIXTURES = FIXTURES / "hub"
 
 
 def fx(name: str) -> str:

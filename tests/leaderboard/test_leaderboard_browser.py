@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_leaderboard import _result, _write
+from where import REPO
 
 from clbench.leaderboard.site import build
 
@@ -98,7 +99,7 @@ def test_the_published_board_builds_and_every_page_opens_cleanly(tmp_path: Path)
 
     from clbench.cli import cli
 
-    published = Path(__file__).resolve().parent.parent / "leaderboard" / "results"
+    published = REPO / "leaderboard" / "results"
     site = tmp_path / "site"
     built = CliRunner().invoke(cli, ["leaderboard", "build", str(published), "--out", str(site),
                                      "--strict"], env={"COLUMNS": "200"})

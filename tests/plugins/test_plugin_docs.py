@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from where import REPO
 
 from clbench.cli import cli
 from clbench.plugins import registry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def _complete_example() -> tuple[list[str], str]:

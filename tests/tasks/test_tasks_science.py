@@ -7,9 +7,9 @@ import dataclasses
 import itertools
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
+from where import REPO
 
 from clbench.tasks.grading import warm_up_verifier
 from clbench.tasks.science.chemistry import compounds, elements, formula_counts, molar_mass
@@ -240,7 +240,7 @@ def test_science_graders_are_bounded(completion: str) -> None:
 # The shipped suites (math, science and tool-use columns alike)
 # ---------------------------------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parent.parent
+
 
 
 @pytest.mark.parametrize("suite_file", ["smoke.yaml", "starter.yaml", "paper.yaml"])

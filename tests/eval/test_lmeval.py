@@ -12,8 +12,8 @@ import pytest
 import torch
 import yaml
 from lm_eval.api.model import LM
+from where import FIXTURES
 
-from clbench.eval import lmeval
 from clbench.eval.lmeval import check_probe, run_probe
 from clbench.eval.lmeval_export import export_lm_eval, grade_exported_doc
 from clbench.eval.lmeval_tasks import (
@@ -25,7 +25,7 @@ from clbench.eval.lmeval_tasks import (
 from clbench.plugins import registry
 from clbench.spec.schema import LmEvalProbe, SuiteSpec
 
-FIXTURES = Path(__file__).parent / "fixtures" / "lmeval"
+FIXTURES = FIXTURES / "lmeval"
 
 
 @pytest.fixture(scope="module")
@@ -293,10 +293,8 @@ def test_export_writes_tasks_that_lm_eval_runs_with_our_grader(tmp_path: Path, t
         assert len(docs) == 6 and docs[0]["prompt"].endswith("User: #5200\n\nAssistant:")
         assert grade_exported_doc(docs[0], docs[0]["reference"]) == {"acc": 1.0, "reward": 1.0}
         assert grade_exported_doc(docs[0], "3") == {"acc": 0.0, "reward": 0.0}
-        # utils.py files exported before the export half moved import it from clbench.eval.lmeval
         assert "from clbench.eval.lmeval_export import grade_exported_doc" in \
             (tmp_path / "export" / "utils.py").read_text()
-        assert lmeval.grade_exported_doc is grade_exported_doc
 
         # the folder works wherever it is: moved, and run from another working directory
         moved = tmp_path / "elsewhere" / "tasks"

@@ -10,8 +10,9 @@ import zipfile
 from pathlib import Path
 
 from setuptools.config.pyprojecttoml import read_configuration  # reads TOML on Python 3.10 too
+from where import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def test_every_package_is_in_the_wheel() -> None:

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fakes import result_of, run_spec
+from where import REPO
 
 from clbench.results import Cell, StageRecord
 from clbench.run.scores import metric_values
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "findings.py"
+_SCRIPT = REPO / "benchmarks" / "findings.py"
 _spec = importlib.util.spec_from_file_location("findings", _SCRIPT)
 findings = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(findings)

@@ -8,6 +8,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
+from where import FIXTURES
 
 from clbench.errors import UserError
 from clbench.tasks.tool_use import bfcl
@@ -21,7 +22,7 @@ from clbench.tasks.tool_use.generated import (
 )
 from clbench.tasks.tool_use.toolalpaca import ToolAlpaca, toolalpaca_schema
 
-FIXTURES = Path(__file__).parent / "fixtures" / "toolalpaca"
+FIXTURES = FIXTURES / "toolalpaca"
 TRAIN_FILE = str(FIXTURES / "train_sample.json")
 EVAL_FILE = str(FIXTURES / "eval_sample.json")
 

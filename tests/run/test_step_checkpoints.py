@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from toy import LowercaseTask
+from where import TESTS
 
 from clbench.cli import cli
 from clbench.plugins import registry
@@ -221,7 +222,7 @@ def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
 
     config = FSDP2_CONFIG if sharded else None
     script = tmp_path / "launched.py"
-    script.write_text(LAUNCHED.format(here=str(Path(__file__).parent), method="sdpo"))
+    script.write_text(LAUNCHED.format(here=str(TESTS), method="sdpo"))
     (tmp_path / "suite.yaml").write_text(SUITE)
     common = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", "test.sdpo-stopping",
               "--seed", "3", "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0",

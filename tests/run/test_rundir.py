@@ -4,14 +4,13 @@ added (at its default) is still this run; a real difference is refused and named
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from fakes import result_of, run_spec
+from fakes import old_suite_hash, result_of, run_spec, smoke_run
 
 from clbench.plugins import registry
 from clbench.results import RESULTS_FILENAME, Cell, read_results, write_results
@@ -19,13 +18,7 @@ from clbench.run.rundir import IDENTITY_FILE, RunDirError, check_run_dir, run_id
 
 
 def _run(tmp_path: Path, *overrides: str):
-    return run_spec("smoke", "sft", seed=0, out_dir=tmp_path / "run", overrides=overrides)
-
-
-def _old_hash(suite: dict) -> str:
-    # what content_hash gave for this dump when the schema had no more fields than it holds
-    canonical = json.dumps(suite, sort_keys=True, separators=(",", ":"))
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return smoke_run(tmp_path, *overrides)
 
 
 def _older_identity(identity: dict) -> dict:
@@ -35,7 +28,7 @@ def _older_identity(identity: dict) -> dict:
     del old["suite_spec"]["model"]["mixed_precision"]
     del old["model"]["mixed_precision"]
     del old["method_config"]["warmup_steps"]
-    old["suite_hash"] = _old_hash(old["suite_spec"])
+    old["suite_hash"] = old_suite_hash(old["suite_spec"])
     return old
 
 

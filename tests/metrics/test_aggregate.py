@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from clbench.eval.column import ItemRecord
-from clbench.metrics.aggregate import aggregate_over_seeds, bootstrap_interval, summarise
+from clbench.metrics.aggregate import aggregate_over_seeds, summarise
 
 
 def test_mean_and_sample_std_over_seeds() -> None:
@@ -54,28 +53,6 @@ def test_aggregate_groups_by_method_and_metric() -> None:
         aggregate_over_seeds(runs + [runs[0]])
 
 
-def test_bootstrap_interval_is_seeded_and_brackets_the_mean() -> None:
-    scores = [1.0] * 30 + [0.0] * 70
-    a = bootstrap_interval(scores, samples=2000, seed=3)
-    b = bootstrap_interval(scores, samples=2000, seed=3)
-    assert a == b
-    assert a is not None and a.low < 0.3 < a.high
-    # normal approximation: 0.3 +- 1.96 * sqrt(.3 * .7 / 100) = [0.21, 0.39]
-    assert a.low == pytest.approx(0.21, abs=0.025)
-    assert a.high == pytest.approx(0.39, abs=0.025)
-    np.random.seed(0)  # the global RNG has no influence
-    assert bootstrap_interval(scores, samples=2000, seed=3) == a
-
-
-def test_bootstrap_degenerate_cases() -> None:
-    constant = bootstrap_interval([1.0] * 10, samples=100)
-    assert constant is not None and constant.low == constant.high == 1.0
-    assert bootstrap_interval([], samples=100) is None
-    assert bootstrap_interval([0.0, 1.0], samples=0) is None
-    with pytest.raises(ValueError, match="confidence"):
-        bootstrap_interval([1.0], confidence=95)
-
-
 def test_wilson_interval_against_hand_computed_values_and_at_the_edges() -> None:
     from clbench.eval.column import summarise_cell
     from clbench.metrics.aggregate import wilson_interval
@@ -88,11 +65,10 @@ def test_wilson_interval_against_hand_computed_values_and_at_the_edges() -> None
     mid = wilson_interval(43, 100)
     assert (mid.low, mid.high) == pytest.approx((centre - half, centre + half), abs=1e-6)
     assert (mid.low, mid.high) == pytest.approx((0.3373, 0.5278), abs=1e-4)
-    # at 0 and 1 a bootstrap over items says [0, 0] and [1, 1]; Wilson keeps a width
+    # at 0 and 1 a percentile bootstrap over items says [0, 0] and [1, 1]; Wilson keeps a width
     none, every = wilson_interval(0, 100), wilson_interval(100, 100)
     assert none.low == 0.0 and none.high == pytest.approx(z * z / (n + z * z), abs=1e-6)
     assert every.high == 1.0 and every.low == pytest.approx(1 - none.high, abs=1e-12)
-    assert bootstrap_interval([0.0] * 100, samples=200).high == 0.0
     assert wilson_interval(0, 0) is None and mid.method == "Wilson score"
 
     records = [ItemRecord(id=str(i), completion="", reward=0.0, correct=False)

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from packaging.version import Version
 from safetensors.torch import load_file
 from test_distributed import _launch
+from where import REPO
 
 from clbench.errors import UserError
 from clbench.results import read_results
@@ -24,7 +25,7 @@ from clbench.run.setup import check_sharding_support
 from clbench.spec.schema import MethodSpec
 from clbench.train.distributed import FSDP2_ACCELERATE, sharding_of
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 FSDP2_CONFIG = ROOT / "examples" / "accelerate" / "fsdp2.yaml"
 
 

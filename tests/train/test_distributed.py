@@ -462,7 +462,8 @@ def _ddp_steps_worker(first: str, out: Path) -> None:
         torch.save(got, out / f"{case}-rank{dist.process_index}.pt")
 
 
-if __name__ == "__main__":  # accelerate launch ... tests/test_distributed.py ddp-steps FIRST OUT
+# accelerate launch ... tests/train/test_distributed.py ddp-steps FIRST OUT
+if __name__ == "__main__":
     if sys.argv[1:2] == ["ddp-steps"]:
         _ddp_steps_worker(sys.argv[2], Path(sys.argv[3]))
 

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 from fakes import SUITE, run_cli, write_suite
 
+from clbench import migrations
 from clbench.cli import cli
 from clbench.eval.column import read_records, records_path
 from clbench.metrics.drift import DriftSettings, model_drift
@@ -110,7 +111,8 @@ def test_diagnostics_settings_leave_the_suite_identity_alone(tmp_path: Path) -> 
     assert tuned.protocol.diagnostics.weight_drift.k == 4
     assert tuned.content_hash() == plain.content_hash()
     data["protocol"]["diagnostics"] = []  # how suites and results said "none" before
-    assert SuiteSpec.model_validate(data).content_hash() == plain.content_hash()
+    assert SuiteSpec.model_validate(migrations.suite(data)).content_hash() == \
+        plain.content_hash()
     data["protocol"]["diagnostics"] = ["weight_drift"]
     with pytest.raises(ValueError, match="diagnostics is a mapping"):
         SuiteSpec.model_validate(data)

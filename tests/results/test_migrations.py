@@ -1,0 +1,68 @@
+"""Files written by earlier versions read as what they did, through clbench/migrations.py alone:
+renamed and added method settings, a suite's old diagnostics list, results without task source
+versions, a step checkpoint's progress from before add-ons."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakes import result_of, run_spec
+from where import SMOKE
+
+from clbench import migrations
+from clbench.plugins import registry
+from clbench.results import read_results, write_results
+from clbench.spec.suites import load_suite
+
+
+def test_settings_the_sdpo_family_renamed_read_as_what_they_did() -> None:
+    read = migrations.method_config
+    assert read("sdpo", {"use_feedback": True})["feedback"] == "rich"
+    assert read("sdpo", {"use_feedback": False})["feedback"] == "none"
+    assert read("stable-sdpo", {"supervision": "answer"})["supervision"] == "final_line"
+    assert "use_feedback" not in read("sdpo-cot", {"use_feedback": True})
+    # another method's settings of those names are its own
+    assert read("grpo", {"supervision": "answer"}) == {"supervision": "answer"}
+
+
+def test_fields_added_since_a_run_read_with_the_value_it_ran_with() -> None:
+    config = registry.validate_method_params("sdpo", migrations.method_config("sdpo", {}))
+    assert (config.feedback, config.warmup_steps, config.feedback_with_demo,
+            config.supervision) == ("rich", 0, True, "final_line")
+    cot = registry.validate_method_params("sdpo-cot", migrations.method_config("sdpo-cot", None))
+    assert (cot.supervision, cot.warmup_steps) == ("all", 0)  # `all` was its default throughout
+    assert migrations.method_config("sdpo", {"warmup_steps": 10})["warmup_steps"] == 10
+    assert migrations.fields_before("sdpo", {"feedback": "none"}) == [
+        "warmup_steps", "feedback_with_demo", "supervision"]
+    assert migrations.fields_before("sft", {}) == []
+    assert migrations.method_config("sdpo", "damaged") == "damaged"  # validation says what
+
+
+def test_a_suite_with_the_old_empty_diagnostics_list_reads_as_the_defaults(tmp_path: Path
+                                                                           ) -> None:
+    smoke = SMOKE.read_text()
+    path = tmp_path / "old.yaml"
+    path.write_text(smoke.replace("protocol:\n", "protocol:\n  diagnostics: []\n", 1))
+    assert load_suite(path) == load_suite("smoke")
+    path.write_text(smoke.replace("protocol:\n", "protocol:\n  diagnostics: [x]\n", 1))
+    with pytest.raises(Exception, match="diagnostics"):
+        load_suite(path)
+
+
+def test_results_with_the_old_diagnostics_list_read_as_the_defaults(tmp_path: Path) -> None:
+    result = result_of(run_spec("smoke", "sft", out_dir=tmp_path / "unused"))
+    path = write_results(tmp_path / "results.json", result)
+    data = json.loads(path.read_text())
+    data["suite"]["protocol"]["diagnostics"] = []
+    path.write_text(json.dumps(data))
+    assert read_results(path).suite_spec() == result.suite_spec()
+
+
+def test_a_step_checkpoint_from_before_addons_continues() -> None:
+    old = {"step": 3, "objective": {"teacher": 1}, "optimizer": {}}
+    assert migrations.progress_state(old) == {
+        "step": 3, "optimizer": {}, "hooks": {"method": {"teacher": 1}, "addons": []}}
+    new = {"step": 3, "hooks": {"method": {}, "addons": [{}]}}
+    assert migrations.progress_state(new) is new
