@@ -13,7 +13,7 @@ the reports) knows only the current format:
 - :func:`progress_state`: a step checkpoint's training-loop progress.
 
 A migration is added here, with what it reads and since when, whenever a change would make an
-earlier file read differently; the tests of :mod:`tests.test_migrations` keep each one.
+earlier file read differently; `tests/results/test_migrations.py` keeps each one.
 """
 
 from __future__ import annotations
