@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -74,6 +75,13 @@ class TaskParams(BaseModel):
         return self.model_dump_json(exclude=set(self.FORMAT_ONLY & set(type(self).model_fields)))
 
 
+#: Items drawn in this process, by (source class, parameters, split, seed, size), the most
+#: recent :data:`DRAWN_KEPT` draws: a source's items are a pure function of these (the contract
+#: above), so each is drawn once.
+_DRAWN: OrderedDict[tuple[Any, ...], tuple[Example, ...]] = OrderedDict()
+DRAWN_KEPT = 256
+
+
 class TaskSource(ABC):
     """A source of examples for one task, with its grader.
 
@@ -96,10 +104,20 @@ class TaskSource(ABC):
         self.params = params
 
     def examples(self, split: Split, seed: int, size: int) -> list[Example]:
-        """`size` items of `split`, the same for the same (params, split, seed, size)."""
+        """`size` items of `split`, the same for the same (params, split, seed, size): drawn
+        once per process (:data:`_DRAWN`), however often a run's validation, its columns and
+        its training sets, or a sweep's runs, ask for them."""
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        return self.build(split, seed, size)
+        key = (type(self), self.params.model_dump_json(), split, seed, size)
+        drawn = _DRAWN.get(key)
+        if drawn is None:
+            drawn = _DRAWN[key] = tuple(self.build(split, seed, size))
+            while len(_DRAWN) > DRAWN_KEPT:
+                _DRAWN.popitem(last=False)
+        else:
+            _DRAWN.move_to_end(key)
+        return list(drawn)
 
     @abstractmethod
     def build(self, split: Split, seed: int, size: int) -> list[Example]:

@@ -398,3 +398,38 @@ def test_a_run_on_the_static_cache_engine_scores_row_0_as_the_decode_loop(tmp_pa
                                  for r in read_records(records_path(out, 0, column.name))]
                         for column in result.columns}
     assert rows["static"] == rows["loop"]  # greedy: the same tokens on the same weights
+
+
+def test_a_run_draws_each_of_its_items_once(tmp_path: Path) -> None:
+    """Validating the suite, planning the columns and drawing the training sets all ask for
+    items: each (source, parameters, split, seed, size) is drawn once in a run (and a resumed
+    or second run in the process draws none again)."""
+    from fakes import EchoDigit, EchoSFT
+
+    from clbench.plugins import registry
+
+    builds: list[tuple[str, str, int, int]] = []
+
+    class Counted(EchoDigit):
+        def build(self, split, seed, size):
+            builds.append((self.params.digit, split, seed, size))  # type: ignore[attr-defined]
+            return super().build(split, seed, size)
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    args = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu"]
+    with registry.extra_plugins(methods={"test.echo-sft": EchoSFT},
+                                tasks={"test.echo-digit": Counted}):
+        from click.testing import CliRunner
+
+        from clbench.cli import cli
+
+        res = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "a")])
+        assert res.exit_code == 0, res.output
+        assert builds and len(builds) == len(set(builds)), builds
+        # both stages' training items and every column's evaluation items
+        assert sorted(builds) == [("3", "eval", 1, 6), ("3", "eval", 3, 6), ("3", "train", 1, 20),
+                                  ("7", "eval", 2, 6), ("7", "train", 2, 20)]
+        drawn = len(builds)
+        res = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "b"), "--seed", "1"])
+        assert res.exit_code == 0, res.output
+        assert len(builds) == drawn  # the same items: none drawn again
