@@ -127,7 +127,9 @@ def state_bytes(state: Any) -> int:
 
 @dataclass
 class Calibration:
-    """What the calibration works with: the run, its accelerator, model and method."""
+    """What the calibration works with: the run, its accelerator, model, method and add-ons
+    (measured as they act in a first stage: a penalty anchored at a stage's end, EWC's, costs
+    nothing there)."""
 
     run: RunSpec
     dist: Distributed
@@ -135,6 +137,7 @@ class Calibration:
     tokenizer: Any
     method: Method
     on_step: Callable[[str], None] = lambda what: None
+    addons: Sequence[Any] = ()
 
 
 def estimate_run(cal: Calibration, plans: Sequence[ColumnPlan],
@@ -189,7 +192,7 @@ def _stage_cost(cal: Calibration, index: int, spec: Any, task: TaskSource,
     examples = list(items[:2 * budget.prompts_per_step])
     cal.on_step(f"training steps of {spec.name}")
     student = copy.deepcopy(cal.model)
-    method = copy.deepcopy(cal.method)
+    method, addons = copy.deepcopy(cal.method), copy.deepcopy(list(cal.addons))
     progress: list[int] = []
 
     def measure_progress(step: int, state: Callable[[], Any], counts: Any = None) -> None:
@@ -200,12 +203,13 @@ def _stage_cost(cal: Calibration, index: int, spec: Any, task: TaskSource,
                            train_examples=examples, budget=budget, stage_index=index,
                            stage_name=spec.name, seed=cal.run.seed, device=cal.dist.device,
                            work_dir=Path(work), dist=cal.dist, save_progress=measure_progress,
-                           generation=cal.run.model.generation)
+                           generation=cal.run.model.generation, addons=addons)
         report = method.train_stage(ctx)
     # the second step: the first also pays the stage's setup (a teacher's copy, the optimizer)
     seconds = float(report.steps[-1]["seconds"])
-    sizes = (state_bytes(method.state_dict()), max(progress, default=0))
-    del student, method
+    sizes = (state_bytes(method.state_dict()) + sum(state_bytes(a.state_dict()) for a in addons),
+             max(progress, default=0))
+    del student, method, addons
     return StageCost(spec.name, spec.budget.steps, seconds), sizes
 
 

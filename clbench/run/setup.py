@@ -187,6 +187,7 @@ def estimate(run: RunSpec, on_step: Any = None) -> tuple[RunEstimate, dict[str, 
     dist = make_distributed(run)
     items = draw_items(run)
     model, tokenizer = load_model(run, dist)
-    cal = Calibration(run, dist, model, tokenizer, method, on_step or (lambda what: None))
+    cal = Calibration(run, dist, model, tokenizer, method, on_step or (lambda what: None),
+                      registry.build_addons(run.addons))
     resolved = {"device": str(dist.device), **dist.describe()}
     return estimate_run(cal, items.plans, items.stage_tasks, items.train_sets), resolved  # type: ignore[arg-type]
