@@ -29,6 +29,7 @@ from clbench.api import (
     TrainingLoop,
     completion_logprobs,
     encode_reference,
+    parameter_snapshot,
 )
 
 
@@ -89,7 +90,7 @@ class EWC(AddOn):
         for name, f in fisher.items():
             earlier = self.fisher.get(name)
             self.fisher[name] = f if earlier is None else self.config.decay * earlier + f
-            self.anchor[name] = params[name].detach().clone()
+        self.anchor = parameter_snapshot(model, trainable_only=True)
         report.extra["ewc"] = {"fisher_items": len(items), "anchored_parameters": len(params),
                                "fisher_mean": float(sum(f.sum() for f in self.fisher.values())
                                                     / sum(f.numel() for f in self.fisher.values()))}

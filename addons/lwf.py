@@ -16,7 +16,6 @@ SDPO reference's support), which bounds memory on large vocabularies.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, ClassVar
 
 import torch
@@ -29,7 +28,9 @@ from clbench.api import (
     StepBatch,
     TrainingLoop,
     completion_distributions,
+    frozen_copy,
     generalized_jsd,
+    module_state,
     topk_logprob_divergence,
 )
 
@@ -62,7 +63,7 @@ class LwF(AddOn):
         self._tokens = 0  # the completion tokens of that batch, over every process
 
     def on_stage_start(self, loop: TrainingLoop) -> None:
-        self.start = copy.deepcopy(loop.model).eval().requires_grad_(False)
+        self.start = frozen_copy(loop.model)
 
     def loss_term(self, loop: TrainingLoop, batch: StepBatch, part: Any
                   ) -> tuple[torch.Tensor | None, dict[str, float]]:
@@ -95,8 +96,7 @@ class LwF(AddOn):
     def state_dict(self) -> dict[str, Any]:
         if self.start is None:
             return {}
-        return {"start": {k: v.detach().cpu().clone()
-                          for k, v in self.start.state_dict().items()}}
+        return {"start": module_state(self.start)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.start is not None and "start" in state:  # a stage continued after a stop

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from clbench.api import AddOn, AddOnConfig, StageReport, TrainingLoop
+from clbench.api import AddOn, AddOnConfig, StageReport, TrainingLoop, parameter_snapshot
 
 
 class MergeConfig(AddOnConfig):
@@ -42,7 +42,7 @@ class Merge(AddOn):
         self.start: dict[str, torch.Tensor] = {}  # parameter name -> weights at stage start
 
     def on_stage_start(self, loop: TrainingLoop) -> None:
-        self.start = {name: p.detach().clone() for name, p in loop.model.named_parameters()}
+        self.start = parameter_snapshot(loop.model)
 
     @torch.no_grad()
     def on_stage_end(self, loop: TrainingLoop, report: StageReport) -> None:

@@ -62,6 +62,7 @@ from clbench.train.api import (
     StageContext,
     StageReport,
 )
+from clbench.train.copies import frozen_copy, module_state, parameter_snapshot
 from clbench.train.logprobs import (
     CompletionDistributions,
     TokenLogprobs,
@@ -117,18 +118,19 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "STAGE_KEY", "THINK_CLOSE", "THINK_OPEN", "THINK_PREFIX", "AddOn",
-    "AddOnConfig", "CompletionDistributions", "DistillationScores", "Example", "Generator",
-    "Grade", "HFGenerator", "Messages", "Method", "MethodConfig", "Objective",
-    "OnPolicySettings", "OptimizerSettings", "Rollout", "RolloutBatch", "SamplingParams",
-    "Split", "StageContext", "StageReport", "StepBatch", "StepHooks", "TaskParams",
-    "TaskSizeError", "TaskSource", "TokenLogprobs", "TrainingHooks", "TrainingLoop",
-    "UserError", "batch_summary", "clipped_surrogate", "completion_distributions",
-    "completion_logprobs", "continuation", "default_answer_start", "draw_distinct",
-    "encode_chat", "encode_reference", "extract_answer_line", "extract_boxed",
-    "extract_choice", "extract_tag", "generalized_jsd", "group_advantages", "kl_to_reference",
-    "math_equivalent", "normalize_answer", "one_shot", "opens_reasoning", "pack_batch",
-    "parse_number", "reasoned", "response_prefix", "sdpo_loss", "seeded_rng", "split_of",
-    "split_response_start", "step_examples", "token_mean", "topk_logprob_divergence",
+    "STAGE_KEY", "THINK_CLOSE", "THINK_OPEN", "THINK_PREFIX", "AddOn", "AddOnConfig",
+    "CompletionDistributions", "DistillationScores", "Example", "Generator", "Grade",
+    "HFGenerator", "Messages", "Method", "MethodConfig", "Objective", "OnPolicySettings",
+    "OptimizerSettings", "Rollout", "RolloutBatch", "SamplingParams", "Split", "StageContext",
+    "StageReport", "StepBatch", "StepHooks", "TaskParams", "TaskSizeError", "TaskSource",
+    "TokenLogprobs", "TrainingHooks", "TrainingLoop", "UserError", "batch_summary",
+    "clipped_surrogate", "completion_distributions", "completion_logprobs", "continuation",
+    "default_answer_start", "draw_distinct", "encode_chat", "encode_reference",
+    "extract_answer_line", "extract_boxed", "extract_choice", "extract_tag", "frozen_copy",
+    "generalized_jsd", "group_advantages", "kl_to_reference", "math_equivalent",
+    "module_state", "normalize_answer", "one_shot", "opens_reasoning", "pack_batch",
+    "parameter_snapshot", "parse_number", "reasoned", "response_prefix", "sdpo_loss",
+    "seeded_rng", "split_of", "split_response_start", "step_examples", "token_mean",
+    "topk_logprob_divergence",
     *_BUILT_INS,
 ]

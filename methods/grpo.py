@@ -11,7 +11,6 @@ processes). Loss math: the API's loss helpers; plumbing: its
 
 from __future__ import annotations
 
-import copy
 from typing import Any, ClassVar
 
 import torch
@@ -26,8 +25,10 @@ from clbench.api import (
     StepBatch,
     TrainingLoop,
     clipped_surrogate,
+    frozen_copy,
     group_advantages,
     kl_to_reference,
+    module_state,
 )
 
 
@@ -62,15 +63,13 @@ class GRPOObjective(Objective):
 
     def on_stage_start(self, loop: TrainingLoop) -> None:
         if self.config.beta > 0:
-            self.reference = copy.deepcopy(loop.model).eval()
-            self.reference.requires_grad_(False)
+            self.reference = frozen_copy(loop.model)
 
     def state_dict(self) -> dict[str, Any]:
         """The KL reference (the model at the start of the stage), when there is one."""
         if self.reference is None:
             return {}
-        return {"reference": {k: v.detach().cpu().clone()
-                              for k, v in self.reference.state_dict().items()}}
+        return {"reference": module_state(self.reference)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.reference is not None:  # on_stage_start copied the resumed student: replace it

@@ -32,7 +32,6 @@ leaving the "EMA" teacher frozen.
 
 from __future__ import annotations
 
-import copy
 import math
 import re
 from collections.abc import Sequence
@@ -41,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from clbench.api import THINK_CLOSE, THINK_OPEN, split_response_start
+from clbench.api import THINK_CLOSE, THINK_OPEN, frozen_copy, module_state, split_response_start
 
 if TYPE_CHECKING:
     from torch import nn
@@ -329,7 +328,7 @@ class TeacherWeights:
         if self.mode == "live":
             self.copy = None
             return
-        self.copy = _frozen_copy(student)
+        self.copy = frozen_copy(student)
         if self.mode == "ema" and any(p.is_floating_point() and p.element_size() < 4
                                       for p in self.copy.parameters()):
             self.shadow = [p.detach().float().clone() for p in self.copy.parameters()]
@@ -367,10 +366,7 @@ class TeacherWeights:
         """Mode, counters and (except in ``live`` mode) the teacher's weights, for checkpoints
         (copied to the CPU: a checkpoint is written from there, and the device keeps its
         memory)."""
-        weights = None
-        if self.copy is not None:
-            weights = {k: v.detach().to("cpu", copy=True)
-                       for k, v in self.copy.state_dict().items()}
+        weights = module_state(self.copy) if self.copy is not None else None
         shadow = [t.detach().to("cpu", copy=True) for t in self.shadow] \
             if self.shadow is not None else None
         return {"mode": self.mode, "ema_rate": self.ema_rate,
@@ -401,13 +397,6 @@ class TeacherWeights:
         if self.student is None or self.copy is None:
             raise RuntimeError("call start_stage(student, steps) first")
         return self.student
-
-
-def _frozen_copy(student: nn.Module) -> nn.Module:
-    teacher = copy.deepcopy(student)
-    teacher.eval()
-    teacher.requires_grad_(False)
-    return teacher
 
 
 @torch.no_grad()

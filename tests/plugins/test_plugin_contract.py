@@ -139,3 +139,21 @@ def test_a_built_in_method_from_another_checkout_than_clbench_is_warned_about(
         setup.warn_if_another_checkout("mine", registry.Origin(  # not a built-in
             "my-methods", "1.0", "my_methods:Mine", "b" * 40))
         assert caplog.records == []
+
+
+def test_the_public_api_has_every_name_it_lists_and_the_builtins_to_subclass() -> None:
+    """What `docs/plugins.md` builds on resolves from `clbench.api` alone, the built-in methods
+    and their configs included (they are imported on first use)."""
+    import clbench.api as api
+
+    for name in api.__all__:
+        assert getattr(api, name) is not None, name
+    from clbench.api import GRPOConfig, SDPOConfig, SFTConfig, TrainingHooks
+
+    assert issubclass(SFTConfig, api.OptimizerSettings)
+    assert issubclass(GRPOConfig, api.OnPolicySettings) and issubclass(SDPOConfig,
+                                                                       api.OnPolicySettings)
+    assert issubclass(api.StepHooks, TrainingHooks) and issubclass(api.AddOn, TrainingHooks)
+    assert issubclass(api.Objective, api.StepHooks)  # one hook protocol for all three
+    with pytest.raises(AttributeError, match="has no attribute 'SFTConfg'"):
+        api.SFTConfg  # noqa: B018

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import Field
 
-from clbench.api import AddOn, AddOnConfig, StepBatch, TrainingLoop
+from clbench.api import AddOn, AddOnConfig, StepBatch, TrainingLoop, parameter_snapshot
 
 
 class L2SPConfig(AddOnConfig):
@@ -36,8 +36,7 @@ class L2SP(AddOn):
         self.start: dict[str, torch.Tensor] = {}
 
     def on_stage_start(self, loop: TrainingLoop) -> None:
-        self.start = {name: p.detach().clone() for name, p in loop.model.named_parameters()
-                      if p.requires_grad}
+        self.start = parameter_snapshot(loop.model, trainable_only=True)
 
     def loss_term(self, loop: TrainingLoop, batch: StepBatch, part: Any
                   ) -> tuple[torch.Tensor | None, dict[str, float]]:
