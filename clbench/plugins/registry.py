@@ -283,8 +283,9 @@ def _load_class(group: str, name: str) -> type:
         reason = (f"{ep.value} is not a subclass of {expected.__module__}."
                   f"{expected.__qualname__}")
         raise PluginError(f"{kind} {name!r} from distribution {dist}: {reason}.", reason=reason)
-    if group == METHODS_GROUP and not _trains(obj):
-        reason = f"{ep.value} implements neither hooks(ctx) nor train_stage(ctx)"
+    reason = _training_problem(obj) if group == METHODS_GROUP else None
+    if reason is not None:
+        reason = f"{ep.value} {reason}"
         raise PluginError(f"{kind} {name!r} from distribution {dist}: {reason}.", reason=reason)
     undocumented = _undocumented_fields(group, obj)
     if undocumented:
@@ -300,11 +301,22 @@ def _load_class(group: str, name: str) -> type:
 _PARAMS_ATTR = {METHODS_GROUP: "Config", TASKS_GROUP: "Params", ADDONS_GROUP: "Config"}
 
 
-def _trains(cls: type) -> bool:
-    """Whether a method class says how it trains: its step hooks or its whole stage."""
+def _training_problem(cls: type) -> str | None:
+    """What keeps a method class from training: neither step hooks nor a stage of its own, or
+    step hooks for the shared loop without the loop's optimizer settings in its config."""
     from clbench.train.api import Method
+    from clbench.train.optim import OptimizerSettings
 
-    return cls.hooks is not Method.hooks or cls.train_stage is not Method.train_stage  # type: ignore[attr-defined]
+    own_hooks = cls.hooks is not Method.hooks  # type: ignore[attr-defined]
+    own_stage = cls.train_stage is not Method.train_stage  # type: ignore[attr-defined]
+    if not own_hooks and not own_stage:
+        return "implements neither hooks(ctx) nor train_stage(ctx)"
+    config = getattr(cls, "Config", None)
+    if own_hooks and not own_stage and not (isinstance(config, type)
+                                            and issubclass(config, OptimizerSettings)):
+        return ("gives hooks(ctx) to the shared training loop, but its Config does not "
+                "inherit OptimizerSettings (the loop's optimizer fields)")
+    return None
 
 
 def _undocumented_fields(group: str, cls: type) -> list[str]:

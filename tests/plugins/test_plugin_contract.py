@@ -51,6 +51,34 @@ def test_a_config_field_without_a_description_is_refused_by_name() -> None:
     assert "field lr of its Config has no description" in message
 
 
+class Idle(Method):
+    name: ClassVar[str] = "idle"
+    description: ClassVar[str] = "says nothing of how it trains"
+    Config = Quiet
+
+
+class LoopWithoutOptimizer(Method):
+    name: ClassVar[str] = "loop-without-optimizer"
+    description: ClassVar[str] = "step hooks, but a config without the optimizer's fields"
+    Config = Quiet
+
+    def hooks(self, ctx: Any) -> Any:
+        raise AssertionError("never trained")
+
+
+@pytest.mark.parametrize("cls, problem", [
+    (Idle, "implements neither hooks(ctx) nor train_stage(ctx)"),
+    (LoopWithoutOptimizer, "gives hooks(ctx) to the shared training loop, but its Config does "
+                           "not inherit OptimizerSettings"),
+])
+def test_a_method_that_cannot_train_is_refused_when_it_loads(cls: type, problem: str) -> None:
+    with registry.extra_plugins(methods={cls.name: cls}), \
+            pytest.raises(registry.PluginError) as info:
+        registry.load_method_class(cls.name)
+    assert f"method {cls.name!r} from distribution test-plugins" in str(info.value)
+    assert problem in str(info.value)
+
+
 def test_a_stage_report_of_the_wrong_type_or_without_steps_names_the_plugin() -> None:
     with registry.extra_plugins(methods={"returns-nothing": ReturnsNothing}):
         with pytest.raises(registry.PluginError) as info:
