@@ -196,7 +196,7 @@ def test_a_method_that_saves_progress_but_ignores_it_on_resume_fails_loudly(
 # (what a terminal's Ctrl-C does to the launcher's process group).
 LAUNCHED = """
 import os, sys
-sys.path.insert(0, {here!r})
+sys.path[:0] = [{here!r}, {tests!r}]
 from toy import LowercaseTask
 from test_step_checkpoints import STOP, stopping
 from clbench.plugins import registry
@@ -222,7 +222,8 @@ def test_two_processes_stopped_in_a_stage_continue_from_the_step_checkpoint(
 
     config = FSDP2_CONFIG if sharded else None
     script = tmp_path / "launched.py"
-    script.write_text(LAUNCHED.format(here=str(TESTS), method="sdpo"))
+    script.write_text(LAUNCHED.format(here=str(Path(__file__).resolve().parent),
+                                      tests=str(TESTS), method="sdpo"))
     (tmp_path / "suite.yaml").write_text(SUITE)
     common = ["run", "--suite", str(tmp_path / "suite.yaml"), "--method", "test.sdpo-stopping",
               "--seed", "3", "--device", "cpu", "--no-base-cache", "--checkpoint-minutes", "0",

@@ -140,7 +140,8 @@ def test_jobs_2_gives_the_results_of_the_in_process_sweep(tmp_path: Path,
             {k: v.value for k, v in b.metrics.items()}
         assert items(there) == items(here)
         log = (root / "logs" / f"sft-s{seed}.log").read_text()
-        assert f"--seed {seed} --out {here} --resume" in log and "after science" in log
+        assert f"--seed {seed} " in log and f"--out {here} " in log and "--resume" in log
+        assert "after science" in log
         assert f"sft seed {seed}: complete" in res.output
     assert "mean ± std over seeds" in res.output and "(n=2)" in res.output
     assert sorted(p.name for p in root.iterdir()) == ["logs", "sft"]  # logs outside run dirs

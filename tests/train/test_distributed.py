@@ -18,6 +18,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from toy import FixedGenerator, RowNLL, one_thread, tiny, toy_context
+from where import TESTS
 
 from clbench.errors import UserError
 from clbench.models import ModelLoadError, cpu_supports_bf16, load_model
@@ -340,9 +341,12 @@ def _free_port() -> int:
 def _launch(args: list[str], processes: int = 2, script: str | None = None,
             timeout: int = 600, config: Path | None = None) -> subprocess.CompletedProcess:
     """`accelerate launch` N CPU processes (torchrun-style, gloo) running `clbench` (or
-    `script`): data parallel, or as the accelerate `config` file says."""
+    `script`): data parallel, or as the accelerate `config` file says. A script finds the test
+    helpers (`toy`, `fakes`) on its path."""
     accelerate = Path(sys.executable).with_name("accelerate")
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH"))
+                                          if p))
     target = [script] if script else ["-m", "clbench.cli"]
     how = ["--config_file", str(config)] if config is not None else [
         "--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
@@ -462,12 +466,6 @@ def _ddp_steps_worker(first: str, out: Path) -> None:
         torch.save(got, out / f"{case}-rank{dist.process_index}.pt")
 
 
-# accelerate launch ... tests/train/test_distributed.py ddp-steps FIRST OUT
-if __name__ == "__main__":
-    if sys.argv[1:2] == ["ddp-steps"]:
-        _ddp_steps_worker(sys.argv[2], Path(sys.argv[3]))
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_two_processes_with_addons_take_the_one_process_steps(tmp_path: Path) -> None:
@@ -494,3 +492,9 @@ def test_two_processes_with_addons_take_the_one_process_steps(tmp_path: Path) ->
     steps = json.loads((two / "stages" / "stage2.json").read_text())["steps"]
     assert steps[-1]["ewc_penalty"] > 0 and steps[-1]["lwf_kl"] > 0  # the terms acted
     assert [s["replayed_fraction"] for s in steps] == [0.5, 0.5]
+
+
+# accelerate launch ... tests/train/test_distributed.py ddp-steps FIRST OUT
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["ddp-steps"]:
+        _ddp_steps_worker(sys.argv[2], Path(sys.argv[3]))
