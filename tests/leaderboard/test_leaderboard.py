@@ -90,6 +90,32 @@ def test_entries_are_aggregated_over_seeds_and_suite_versions_never_share_a_tabl
     assert stored["suites"][0]["entries"][0]["metrics"]["acc"]["mean"] is not None
 
 
+def test_an_entry_is_a_method_with_its_addons_and_its_provenance_reproduces_them(
+        tmp_path: Path) -> None:
+    from clbench.results import AddOnInfo
+
+    results = tmp_path / "results"
+    _write(results, "sft-s0", _result(tmp_path, "sft", 0, 0.5))
+    for seed in (0, 1):
+        with_replay = _result(tmp_path, "sft", seed, 0.6)
+        with_replay.addons = [AddOnInfo(name="replay", config={"fraction": 0.5,
+                                                               "buffer_per_stage": 32},
+                                        distribution="clbench", version="0.1.0")]
+        _write(results, f"replay-s{seed}", with_replay)
+    data, problems = build([results], tmp_path / "site")
+    assert problems == []
+    (suite,) = data["suites"]
+    replay, sft = suite["entries"]
+    assert (replay["label"], replay["n"], sft["label"]) == ("sft+replay", 2, "sft")
+    assert replay["addons"] == [{"name": "replay",
+                                 "config": {"fraction": 0.5, "buffer_per_stage": 32}}]
+    command = replay["provenance"][0]["command"]
+    assert command.endswith("--addon replay --set addon.replay.fraction=0.5")  # non-defaults
+    assert replay["provenance"][0]["addons"] == [
+        {"name": "replay", "distribution": "clbench", "version": "0.1.0"}]
+    assert "sft+replay" in (tmp_path / "site" / "index.html").read_text()
+
+
 def test_a_hostile_method_name_is_escaped_everywhere(tmp_path: Path) -> None:
     results = tmp_path / "results"
     hostile = _result(tmp_path, "sft", 0, 0.5, name=HOSTILE)
