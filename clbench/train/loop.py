@@ -44,7 +44,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from clbench.errors import RunFailed
+from clbench.errors import RunFailed, UserError
 from clbench.train.api import StageReport
 from clbench.train.cpu import release_free_memory
 from clbench.train.losses import token_mean
@@ -198,8 +198,9 @@ class StepHooks(TrainingHooks, ABC):
                        ) -> tuple[list[list[int]], list[list[int]]]:
         """The prompt and completion token ids of a micro-batch's rows (what an add-on's loss
         term scores, e.g. LwF's divergence from the stage-start model)."""
-        raise NotImplementedError(f"{type(self).__name__} does not give its batches' token ids "
-                                  "(StepHooks.part_sequences), which this add-on needs")
+        raise UserError(f"the method's step hooks ({type(self).__name__}) do not give their "
+                        "batches' token ids (StepHooks.part_sequences), which an add-on of this "
+                        "run (LwF, say) needs: run the method without it")
 
     def step_stats(self, batch: StepBatch) -> dict[str, float]:
         """Statistics of the batch for the record of every step that uses it."""

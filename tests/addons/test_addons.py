@@ -21,6 +21,7 @@ from clbench.cli import cli
 from clbench.plugins import registry
 from clbench.results import read_results
 from clbench.spec.schema import AddOnSpec
+from clbench.train.loop import StepHooks as StepHooksBase
 from clbench.train.loop import TrainingLoop
 from clbench_methods.grpo import GRPO
 from clbench_methods.sft import SFT, SFTConfig, SFTHooks
@@ -390,3 +391,17 @@ def test_an_addon_runs_the_smoke_suite_with_any_method_and_is_recorded(
     assert (recorded.name, recorded.config, recorded.distribution) == (addon, defaults, "clbench")
     identity = json.loads((out / "run.json").read_text())
     assert identity["addons"] == [{"name": addon, "params": defaults}]
+
+
+def test_lwf_with_a_method_whose_batches_give_no_token_ids_says_so(tmp_path: Path) -> None:
+    from clbench.api import UserError
+
+    class Opaque(SFTHooks):  # a third party's hooks without part_sequences
+        part_sequences = StepHooksBase.part_sequences
+
+    model, tok = tiny()
+    (lwf,) = addons("lwf")
+    ctx = stage(tmp_path, model, tok, [lwf], steps=1)
+    with pytest.raises(UserError, match=r"the method's step hooks \(Opaque\) do not give their "
+                                        r"batches' token ids"):
+        TrainingLoop(ctx, SFTConfig(), Opaque(SFTConfig(), ctx)).run()
