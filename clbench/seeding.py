@@ -31,11 +31,14 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_states() -> dict[str, Any]:
-    """The current state of every generator (Python, NumPy, torch CPU and CUDA)."""
+    """The current state of every generator (Python, NumPy, torch CPU and CUDA), as tensors and
+    plain Python values only (a checkpoint then loads with `weights_only=True`)."""
     import numpy as np
     import torch
 
-    states: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(),
+    name, keys, position, has_gauss, gauss = np.random.get_state()
+    states: dict[str, Any] = {"python": random.getstate(),
+                              "numpy": (name, keys.tolist(), position, has_gauss, gauss),
                               "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
@@ -48,7 +51,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
     import torch
 
     random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    name, keys, *rest = states["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
     torch.set_rng_state(states["torch"].cpu())  # torch takes CPU byte tensors only
     if "cuda" in states and torch.cuda.is_available():  # the devices visible now, in order
         for index, state in enumerate(states["cuda"][:torch.cuda.device_count()]):

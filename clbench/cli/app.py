@@ -43,6 +43,10 @@ no_base_cache_option = click.option(
     "--no-base-cache", "no_base_cache", is_flag=True,
     help="Evaluate row 0 (the base model) even when an identical row is cached from an "
          "earlier run.")
+allow_task_code_option = click.option(
+    "--allow-task-code", is_flag=True,
+    help="Let the lm-eval task folders of the suite's probes run their Python (a `utils.py`, "
+         "a `!function`). Only this flag allows it, never the suite.")
 addon_option = click.option(
     "--addon", "addons", multiple=True, metavar="NAME",
     help="A continual-learning add-on on the method (see `clbench list addons`), after the "
@@ -64,7 +68,7 @@ def run_settings_options(joint_help: str) -> Any:
                      help="Model to train instead of the suite's default (hub id, path, "
                           "tiny-*)."),
         device_option, no_base_cache_option, checkpoint_minutes_option,
-        trust_remote_code_option,
+        trust_remote_code_option, allow_task_code_option,
         click.option("--joint", is_flag=True, help=joint_help),
     ]
 
@@ -76,7 +80,7 @@ def run_settings_options(joint_help: str) -> Any:
 
 
 RUN_SETTINGS_PARAMS = ("sets", "addons", "model_name", "device", "no_base_cache",
-                       "checkpoint_minutes", "trust_remote_code", "joint")
+                       "checkpoint_minutes", "trust_remote_code", "allow_task_code", "joint")
 
 
 def run_settings(params: dict[str, Any]) -> Any:
@@ -90,7 +94,8 @@ def run_settings(params: dict[str, Any]) -> Any:
                        model=values["model_name"], device=values["device"],
                        reuse_base_row=not values["no_base_cache"],
                        checkpoint_minutes=values["checkpoint_minutes"],
-                       joint=values["joint"], trust_remote_code=values["trust_remote_code"])
+                       joint=values["joint"], trust_remote_code=values["trust_remote_code"],
+                       allow_task_code=values["allow_task_code"])
 
 
 def not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -54,7 +54,10 @@ def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) 
 @cli.command("export-model")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.argument("out_dir", type=click.Path(file_okay=False))
-def export_model_command(run_dir: str, out_dir: str) -> None:
+@click.option("--trust-remote-code", is_flag=True,
+              help="Let the model's hub repository run its own Python code to rebuild it. Only "
+                   "this flag allows it: what a run folder recorded never does.")
+def export_model_command(run_dir: str, out_dir: str, trust_remote_code: bool) -> None:
     """Write a run's trained model (after its last trained stage) as a Hugging Face model
     folder: config, safetensors weights, tokenizer. `from_pretrained` and lm-eval load it.
     A run stopped while evaluating a stage has that stage's model: its row of R is not in the
@@ -66,7 +69,7 @@ def export_model_command(run_dir: str, out_dir: str) -> None:
     """
     from clbench.run.model_export import export_model
 
-    out, stage = export_model(run_dir, out_dir)
+    out, stage = export_model(run_dir, out_dir, trust_remote_code=trust_remote_code)
     note = ""
     with contextlib.suppress(UserError):
         if len(read_results(Path(run_dir) / RESULTS_FILENAME).matrix) <= stage:

@@ -9,7 +9,14 @@ from pathlib import Path
 import click
 from rich.markup import escape
 
-from clbench.cli.app import ClbenchGroup, cli, parse_sets, stderr_console, stdout_console
+from clbench.cli.app import (
+    ClbenchGroup,
+    allow_task_code_option,
+    cli,
+    parse_sets,
+    stderr_console,
+    stdout_console,
+)
 from clbench.errors import UserError
 from clbench.report.tables import UNLIMITED_WIDTH, print_uncut
 
@@ -53,7 +60,8 @@ def list_command(what: str) -> None:
 
 @cli.command("validate")
 @click.argument("files", nargs=-1, required=True)
-def validate_command(files: tuple[str, ...]) -> None:
+@allow_task_code_option
+def validate_command(files: tuple[str, ...], allow_task_code: bool) -> None:
     """Validate suite files (fields and the parameters of every task source; lm-eval probe
     task names are checked when a run starts, before its model loads).
 
@@ -72,7 +80,7 @@ def validate_command(files: tuple[str, ...]) -> None:
         try:
             path = resolve_suite(ref)
             suite = load_suite(path)
-            validate_suite_plugins(suite, path)
+            validate_suite_plugins(suite, path, allow_task_code=allow_task_code)
         except UserError as exc:
             failed += 1
             errors.print(f"[bold red]FAIL[/] {escape(ref)}\n{escape(str(exc))}", soft_wrap=True)

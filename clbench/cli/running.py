@@ -54,10 +54,12 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
       clbench run --suite starter --method sdpo --seed 0 --joint
       clbench run --suite starter --method sdpo --plan --estimate
     """
+    from clbench.plugins import registry
     from clbench.plugins.runspec import build_run_spec
     from clbench.report.runs import print_plan, print_summary
     from clbench.spec.options import RunOptions
 
+    registry.allow_location(method_name)  # typed by the user: a location may be imported
     options = RunOptions.of(run_settings(settings), suite=suite_ref, method=method_name,
                             seed=seed, out_dir=out_dir)
     if estimate and not plan_only:
@@ -137,11 +139,14 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --device cuda --jobs 6
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --joint
     """
+    from clbench.plugins import registry
     from clbench.spec.suites import load_suite, resolve_suite
     from clbench.sweep import grid as sweep
 
     shared = run_settings(settings)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
+    for name in method_list:  # typed by the user: a location may be imported
+        registry.allow_location(name)
     try:
         seed_list = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError:

@@ -137,18 +137,6 @@ def prepared_tasks(probe: LmEvalProbe, base_dir: Path | None = None
         yield task, folders, task not in known
 
 
-def user_task_folders(probe: LmEvalProbe, base_dir: Path | None = None) -> list[Path]:
-    """The folders a probe brings besides the shipped one (a task YAML's folder, `include_path`),
-    resolved as :func:`prepared_tasks` resolves them."""
-    base = base_dir or Path.cwd()
-    folders = []
-    if probe.task.endswith((".yaml", ".yml")):
-        folders.append(_resolve(probe.task, base).parent)
-    if probe.include_path:
-        folders.append(_resolve(probe.include_path, base))
-    return folders
-
-
 def _resolve(path: str, base: Path) -> Path:
     p = Path(path).expanduser()
     return p if p.is_absolute() else (base / p).resolve()

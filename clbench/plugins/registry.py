@@ -1,6 +1,6 @@
-"""Plugin discovery: methods and task sources found through Python entry points.
+"""Plugin discovery: methods, add-ons and task sources found through Python entry points.
 
-Built-in plugins register in the `clbench.methods` and `clbench.tasks` entry-point groups
+Built-in plugins register in the `clbench.methods`, `clbench.addons` and `clbench.tasks` groups
 exactly like third-party packages do, so `pip install` is all it takes to add one. This module
 finds them, loads them lazily (a plugin that fails to import only breaks when it is used),
 validates their parameters against their own config models, and turns every mistake into a
@@ -8,8 +8,11 @@ validates their parameters against their own config models, and turns every mist
 
 A method can also be named by where it is, `package.module:Class` (`clbench run --method
 my_pkg.method:MyMethod`): a class in development runs without an entry point, with the same
-checks. A plugin's config (or a task source's parameters) must document every field: the
-descriptions are its command-line help.
+checks. Only a name the user typed may be one (:func:`allow_location`, which the command line
+calls for `--method`): a name read from a suite, a results file or a run folder resolves
+through the installed entry points alone, so no file makes clbench import a module. A plugin's
+config (or a task source's parameters) must document every field: the descriptions are its
+command-line help.
 
 Tests swap the entry-point source with :func:`using_entry_points` (whole replacement) or
 :func:`extra_plugins` (fakes on top of what is installed); both clear the caches on entry and exit.
@@ -117,12 +120,23 @@ def _installed_entry_points(group: str) -> Iterable[Any]:
 _source: EntryPointSource = _installed_entry_points
 _entries: dict[str, dict[str, list[Any]]] = {}
 _loaded: dict[tuple[str, str], type] = {}
+_allowed_locations: set[str] = set()  # `package.module:Class` names the user typed
+
+
+def allow_location(name: str) -> None:
+    """Let method `name`, when it is a location (`package.module:Class`), be imported from
+    there: for a name the user gave on the command line (or in code), never one read from a
+    file."""
+    if _is_location(METHODS_GROUP, name):
+        _allowed_locations.add(name)
 
 
 def clear_cache() -> None:
-    """Forget discovered entry points and loaded classes (after installing a plugin)."""
+    """Forget discovered entry points, loaded classes and the locations allowed so far (after
+    installing a plugin)."""
     _entries.clear()
     _loaded.clear()
+    _allowed_locations.clear()
 
 
 @contextmanager
@@ -215,7 +229,7 @@ def _is_location(group: str, name: str) -> bool:
 
 def _candidates(group: str, name: str) -> list[Any]:
     found = _group_entries(group).get(name)
-    if not found and _is_location(group, name):
+    if not found and name in _allowed_locations and _is_location(group, name):
         return [_PathEntryPoint(name, group)]
     return found or []
 
@@ -247,6 +261,9 @@ def _unknown_name_error(group: str, name: str) -> PluginError:
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     listing = ", ".join(known) if known else "none are installed"
+    if _is_location(group, name):  # not typed by the user: a file named it
+        hint += (" A method named by its location (package.module:Class) is imported only "
+                 "when given to --method, never when a file names it.")
     return PluginError(f"unknown {kind} {name!r}.{hint} Known {kind}s: {listing} "
                        f"(see `{_LIST_HINT[group]}`).")
 

@@ -40,6 +40,7 @@ from clbench.spec.suites import (
     override_source,
     resolve_suite,
     split_overrides,
+    task_code,
 )
 
 
@@ -74,8 +75,10 @@ def _size_problems(task: TaskSpec, trained: bool, eval_size: int, split: str = "
     return problems
 
 
-def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | None = None) -> None:
-    """Check that every task source exists and its parameters validate, in stages and probes.
+def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | None = None,
+                           allow_task_code: bool = False) -> None:
+    """Check that every task source exists and its parameters validate, in stages and probes,
+    and that no lm-eval task folder of a probe carries Python unless `allow_task_code`.
 
     All problems are gathered into one :class:`SpecError`, one line each, so a user fixes a file
     in one pass. `source` (the suite file) prefixes the lines and anchors relative paths.
@@ -112,8 +115,25 @@ def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | No
         if not folder.is_dir():
             problems.append(f"{prefix}probes[{i}].lm_eval.include_path: folder {folder} does not "
                             "exist (relative paths resolve against the suite file)")
+    for i, probe in enumerate(suite.probes):
+        code = task_code_problem(probe.lm_eval, base) if probe.lm_eval and not allow_task_code \
+            else None
+        if code:
+            problems.append(f"{prefix}probes[{i}].lm_eval: {code}")
     if problems:
         raise SpecError("\n".join(placed(problems, str(source)) if source else problems))
+
+
+def task_code_problem(probe: Any, base: Path | None) -> str | None:
+    """What is wrong with an lm-eval probe whose task folder carries Python (lm-eval would run
+    it): None when it carries none."""
+    code = task_code(probe, base)
+    if not code:
+        return None
+    shown = ", ".join(str(p) for p in code[:3]) + (f" and {len(code) - 3} more"
+                                                   if len(code) > 3 else "")
+    return (f"its task files carry Python that lm-eval would run ({shown}); code runs only "
+            "from what you name on the command line: pass --allow-task-code if you trust it")
 
 
 def method_settings_problems(suite: SuiteSpec) -> list[str]:
@@ -150,7 +170,8 @@ def build_run_spec(options: RunOptions) -> RunSpec:
     routed = split_overrides(options.sets)
     path = resolve_suite(options.suite)
     suite = load_suite(path, routed.suite)
-    validate_suite_plugins(suite, override_source(path, routed.suite))
+    validate_suite_plugins(suite, override_source(path, routed.suite),
+                           allow_task_code=options.allow_task_code)
     model_spec = _run_model(suite, options, routed.model)
     # the configs in force, defaults included: validated here once, recorded as they are
     params = registry.validate_method_params(
@@ -171,6 +192,7 @@ def build_run_spec(options: RunOptions) -> RunSpec:
         "device": options.device, "suite_file": str(path),
         "reuse_base_row": options.reuse_base_row,
         "checkpoint_minutes": options.checkpoint_minutes, "joint": options.joint,
+        "allow_task_code": options.allow_task_code,
     }, "run")
 
 

@@ -126,7 +126,7 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, 
     """The cache key of row 0 (see the module docstring for what it covers): `resolved` is how
     the model was resolved (``RunResult.model.resolved``), `versions` the library versions of
     the process that evaluates (:func:`clbench.results.collect_versions`)."""
-    from clbench.eval.lmeval_tasks import user_task_folders
+    from clbench.spec.suites import probe_task_folders
 
     protocol = run.suite.protocol
     base_dir = Path(run.suite_file).parent if run.suite_file else None
@@ -140,7 +140,7 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, 
             column["items"] = [dataclasses.asdict(ex) for ex in plan.examples]
         else:
             column["probe"] = plan.probe.model_dump(mode="json")
-            column["files"] = files_fingerprint(user_task_folders(plan.probe, base_dir))
+            column["files"] = files_fingerprint(probe_task_folders(plan.probe, base_dir))
         columns.append(column)
     resolved = dict(resolved)
     # the kind of device, not its index: runs pinned to different GPUs share the row

@@ -27,10 +27,13 @@ def saved_stages(run_dir: Path) -> list[int]:
     return sorted(found)
 
 
-def export_model(run_dir: str | Path, out_dir: str | Path) -> tuple[Path, int]:
+def export_model(run_dir: str | Path, out_dir: str | Path, trust_remote_code: bool = False
+                 ) -> tuple[Path, int]:
     """Write the student after the run's last saved stage to `out_dir` (which must be absent
     or empty); returns the folder and the stage. The weights keep the dtype they were trained
-    in (fp32 master weights under mixed precision)."""
+    in (fp32 master weights under mixed precision). The model's repository runs its own code
+    only with `trust_remote_code` (the command's flag), whatever the run folder recorded: a
+    run folder is a file from whoever made it."""
     from safetensors import safe_open
     from safetensors.torch import load_model as load_weights
 
@@ -40,7 +43,8 @@ def export_model(run_dir: str | Path, out_dir: str | Path) -> tuple[Path, int]:
     run_dir, out = Path(run_dir), Path(out_dir)
     try:
         identity = json.loads((run_dir / IDENTITY_FILE).read_text(encoding="utf-8"))
-        spec = ModelSpec.model_validate(identity["model"])
+        spec = ModelSpec.model_validate(identity["model"]).model_copy(
+            update={"trust_remote_code": trust_remote_code})
     except FileNotFoundError:
         raise RunDirError(f"{run_dir}: not a run folder ({IDENTITY_FILE} missing)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:

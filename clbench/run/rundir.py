@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import pickle
 import re
 import shlex
 import shutil
@@ -473,13 +474,32 @@ def _read_checkpoint(folder: Path, model: Any, method: Method) -> dict[str, Any]
     """Load a checkpoint folder's weights into `model` and its method state into `method`
     (on the model's device); returns its `state.pt` (RNG states and the rest on the CPU,
     where torch takes RNG states; optimizer states move to their parameters when loaded)."""
-    import torch
     from safetensors.torch import load_model
 
     load_model(model, str(folder / STUDENT_WEIGHTS), device=str(model.device))
-    state = torch.load(folder / "state.pt", map_location="cpu", weights_only=False)
+    state = load_state(folder / "state.pt")
     method.load_state_dict(_to_device(state["method"], model.device))
     return state
+
+
+def load_state(path: Path) -> Any:
+    """A checkpoint's `state.pt`, read as data only (`weights_only=True`: tensors, numbers,
+    strings and their containers; nothing a file names is imported or run). NumPy arrays are
+    data too: checkpoints of earlier versions kept NumPy's RNG state as one."""
+    import numpy as np
+    import torch
+
+    core = getattr(np, "_core", None) or np.core
+    arrays = [core.multiarray._reconstruct, np.ndarray, np.dtype,
+              *(t for t in vars(np.dtypes).values() if isinstance(t, type))]
+    try:
+        with torch.serialization.safe_globals(arrays):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise RunDirError(f"{path}: not a checkpoint clbench can read as data ({first[:200]}); "
+                          "it is not loaded. Delete its folder to train that stage again, or "
+                          "choose another --out") from None
 
 
 def _to_device(value: Any, device: Any) -> Any:

@@ -69,15 +69,21 @@ def check_sharding_support(run: RunSpec, method: Method, addons: Sequence[AddOn]
 
 def check_lm_eval_probes(run: RunSpec) -> None:
     """Refuse an unknown lm-eval task now, before the model loads, rather than when row 0
-    reaches the probe's column (half an hour into a CPU run)."""
+    reaches the probe's column (half an hour into a CPU run); and a task folder that carries
+    Python unless the command line allowed it (`run.allow_task_code`): indexing the folder
+    would run it."""
     probes = [(i, p.lm_eval) for i, p in enumerate(run.suite.probes) if p.lm_eval is not None]
     if probes:
         from clbench.eval.lmeval import check_probe
         from clbench.eval.lmeval_tasks import LmEvalProbeError
+        from clbench.plugins.runspec import task_code_problem
 
         base = Path(run.suite_file).parent if run.suite_file else None
         for i, probe in probes:
             try:
+                code = None if run.allow_task_code else task_code_problem(probe, base)
+                if code:
+                    raise LmEvalProbeError(code)
                 check_probe(probe, base)
             except LmEvalProbeError as exc:
                 where = f"{run.suite_file}: " if run.suite_file else ""

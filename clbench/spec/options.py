@@ -31,6 +31,8 @@ class RunSettings(Spec):
                                       "(checked with the run's spec).")
     joint: bool = Field(default=False, description="`--joint`: the joint reference run.")
     trust_remote_code: bool = Field(default=False, description="`--trust-remote-code`.")
+    allow_task_code: bool = Field(default=False, description="`--allow-task-code`: lm-eval "
+                                  "task folders of the suite's probes may run their Python.")
 
 
 class RunOptions(RunSettings):
@@ -60,7 +62,8 @@ class RunOptions(RunSettings):
         if self.model is not None:
             args += ["--model", self.model]
         for flag, on in (("--no-base-cache", not self.reuse_base_row), ("--joint", self.joint),
-                         ("--trust-remote-code", self.trust_remote_code)):
+                         ("--trust-remote-code", self.trust_remote_code),
+                         ("--allow-task-code", self.allow_task_code)):
             if on:
                 args.append(flag)
         return args

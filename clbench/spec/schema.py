@@ -471,6 +471,9 @@ class RunSpec(Spec):
                         "instead of stage by stage, then evaluate every column: the joint "
                         "(multi-task) reference whose scores give other runs' intransigence "
                         "(`clbench report`).")
+    allow_task_code: bool = Field(default=False, description="The lm-eval task folders of the "
+                                  "suite's probes may run their Python (the CLI's "
+                                  "--allow-task-code; never from a file).")
     suite_file: str | None = Field(default=None, description="The suite file the run was "
                                    "built from; relative paths in the suite (e.g. an lm-eval "
                                    "`include_path`) resolve against its folder.")

@@ -33,7 +33,7 @@ from clbench.spec.reading import (
     read_yaml_document,
     validate_model,
 )
-from clbench.spec.schema import SuiteSpec
+from clbench.spec.schema import LmEvalProbe, SuiteSpec
 
 SUITE_PATH_ENV = "CLBENCH_SUITE_PATH"
 SUITE_SUFFIXES = (".yaml", ".yml")
@@ -195,6 +195,39 @@ def default_out_dir(suite_name: str, method: str, seed: int) -> str:
             raise SpecError(f"{part!r} cannot name a run folder (it would lead out of runs/); "
                             "pass --out")
     return str(Path("runs", *parts, f"s{seed}"))
+
+
+def probe_task_folders(probe: LmEvalProbe, base_dir: Path | None = None) -> list[Path]:
+    """The folders an lm-eval probe brings (a task YAML's folder, `include_path`), relative
+    paths resolved against `base_dir` (the suite file's folder; the working folder without
+    one)."""
+    base = base_dir or Path.cwd()
+
+    def resolve(path: str) -> Path:
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (base / p).resolve()
+
+    folders = []
+    if probe.task.endswith((".yaml", ".yml")):
+        folders.append(resolve(probe.task).parent)
+    if probe.include_path:
+        folders.append(resolve(probe.include_path))
+    return folders
+
+
+def task_code(probe: LmEvalProbe, base_dir: Path | None = None) -> list[Path]:
+    """The files of the folders a probe brings through which lm-eval would run Python: `.py`
+    modules (a task's `!function utils.x` imports them) and task YAMLs with a `!function` tag.
+    A folder of plain YAML and data runs none."""
+    found: list[Path] = []
+    for folder in probe_task_folders(probe, base_dir):
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.rglob("*")):
+            if path.is_file() and (path.suffix == ".py" or (
+                    path.suffix in (".yaml", ".yml") and b"!function" in path.read_bytes())):
+                found.append(path)
+    return found
 
 
 class RoutedOverrides(NamedTuple):

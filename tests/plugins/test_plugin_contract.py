@@ -106,6 +106,9 @@ def test_a_run_of_a_method_that_breaks_the_contract_stops_with_one_message(tmp_p
 
 
 def test_a_method_named_by_its_location_loads_with_its_distribution() -> None:
+    for name in ("clbench_methods.sft:SFT", "no_such_package.mod:Method",
+                 "clbench.train.api:StageReport"):
+        registry.allow_location(name)  # as the command line does for --method
     cls = registry.load_method_class("clbench_methods.sft:SFT")
     assert cls.name == "sft"
     origin = registry.plugin_origin(registry.METHODS_GROUP, "clbench_methods.sft:SFT")
@@ -142,6 +145,7 @@ def test_a_method_records_the_commit_of_the_checkout_holding_its_code(
     git("add", ".")
     git("commit", "-q", "-m", "a method")
     monkeypatch.syspath_prepend(str(repo))
+    registry.allow_location("other_methods.mine:Mine")
     mine = registry.plugin_origin(registry.METHODS_GROUP, "other_methods.mine:Mine")
     assert mine.source_revision == git("rev-parse", "HEAD") != sft.source_revision
     module.write_text(module.read_text() + "# edited\n")

@@ -104,3 +104,31 @@ def test_a_model_given_by_a_relative_path_exports_from_another_folder(
     res = run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
                    "--model", "models/start", "--out", "run", "--resume"])
     assert res.exit_code == 0, res.output
+
+
+def test_a_run_folder_cannot_let_the_model_run_its_code(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`trust_remote_code: true` written into run.json (a run folder is a file from whoever
+    made it) is ignored: only the command's flag allows a repository's code."""
+    import json
+
+    import clbench.models as models
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 1"))
+    run = tmp_path / "run"
+    assert run_cli(["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu",
+                    "--out", str(run)]).exit_code == 0
+    identity = json.loads((run / "run.json").read_text())
+    identity["model"]["trust_remote_code"] = True
+    (run / "run.json").write_text(json.dumps(identity))
+    asked, real = [], models.load_model
+
+    def recording(spec, *args, **kwargs):
+        asked.append(spec.trust_remote_code)
+        return real(spec, *args, **kwargs)
+
+    monkeypatch.setattr(models, "load_model", recording)
+    assert run_cli(["export-model", str(run), str(tmp_path / "a")]).exit_code == 0
+    assert run_cli(["export-model", str(run), str(tmp_path / "b"),
+                    "--trust-remote-code"]).exit_code == 0
+    assert asked == [False, True]

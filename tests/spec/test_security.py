@@ -92,3 +92,102 @@ def test_an_unknown_method_that_looks_like_a_path_creates_nothing(tmp_path: Path
     result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "../../escape"])
     assert result.exit_code == 2
     assert not (tmp_path.parent / "escape").exists() and not (tmp_path / "runs").exists()
+
+
+@pytest.fixture
+def marker_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module on the path whose import writes a marker file: if it exists after a command,
+    that command ran code a file named."""
+    import sys
+
+    marker = tmp_path / "ran"
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "clbench_marker_mod.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from clbench_methods.sft import SFT\n\n\nclass Thing(SFT):\n    name = 'thing'\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    monkeypatch.delitem(sys.modules, "clbench_marker_mod", raising=False)
+    return marker
+
+
+def test_a_method_location_in_a_suite_or_results_file_is_never_imported(
+        tmp_path: Path, marker_module: Path) -> None:
+    location = "clbench_marker_mod:Thing"
+    suite = _smoke_with(tmp_path, f"  {location}: {{}}\n")  # in the suite's `methods:` block
+    assert "methods:\n  sdpo: {feedback: rich}" in suite.read_text()
+    for args in (["validate", str(suite)],
+                 ["run", "--suite", str(suite), "--method", "sft", "--plan"]):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 2, res.output
+        assert "imported only when given to --method, never when a file names it" in \
+            " ".join(res.output.split())
+    result = result_of(run_spec("smoke", "sft", out_dir=tmp_path / "unused"))
+    result.method.name = location
+    result.status = "complete"
+    results = tmp_path / "results"
+    write_results(results / "a" / "results.json", result)
+    for args in (["report", str(results)], ["report", str(results), "--json"],
+                 ["leaderboard", "build", str(results), "--out", str(tmp_path / "site")]):
+        CliRunner().invoke(cli, args)
+    assert not marker_module.exists()
+    # typed on the command line, the same location is the user's own code: it is imported
+    res = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", location, "--plan"])
+    assert res.exit_code == 0, res.output
+    assert marker_module.exists()
+
+
+@pytest.mark.e2e
+def test_an_lm_eval_task_folder_runs_its_python_only_with_allow_task_code(tmp_path: Path
+                                                                         ) -> None:
+    """A probe's `include_path` with a `utils.py` (and a task that calls it through
+    `!function`) is refused by `validate` and by `run` before lm-eval reads the folder, unless
+    the command line says --allow-task-code; then lm-eval runs it and the run completes."""
+    import shutil
+
+    from where import FIXTURES
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copy(FIXTURES / "lmeval" / "mc_a.jsonl", tasks / "mc_a.jsonl")
+    text = (FIXTURES / "lmeval" / "mc_a.yaml").read_text().replace(
+        "task: fixture_mc_a", "task: coded_mc\nprocess_docs: !function utils.process_docs")
+    (tasks / "coded.yaml").write_text(text)
+    marker = tmp_path / "ran"
+    (tasks / "utils.py").write_text(f"open({str(marker)!r}, 'w').close()\n\n\n"
+                                    "def process_docs(dataset):\n    return dataset\n")
+    suite = _smoke_with(tmp_path, "")
+    suite.write_text(suite.read_text().replace("protocol:\n", (
+        "  - name: general\n    kind: general\n    lm_eval: {task: coded_mc, include_path: "
+        "tasks, limit: 2}\nprotocol:\n"), 1))
+    validated = CliRunner().invoke(cli, ["validate", str(suite)])
+    said = " ".join(validated.output.split())
+    assert validated.exit_code == 2 and "probes[1].lm_eval (line" in said
+    assert "its task files carry Python that lm-eval would run " \
+        f"({tasks / 'coded.yaml'}, {tasks / 'utils.py'})" in said
+    assert "pass --allow-task-code if you trust it" in said
+    out = tmp_path / "run"
+    refused = CliRunner().invoke(cli, ["run", "--suite", str(suite), "--method", "sft",
+                                       "--out", str(out)])
+    assert refused.exit_code == 2 and "--allow-task-code" in refused.output
+    assert not marker.exists() and not out.exists()
+    assert CliRunner().invoke(cli, ["validate", str(suite), "--allow-task-code"]).exit_code == 0
+    allowed = CliRunner().invoke(cli, ["run", "--suite", str(suite), "--method", "sft", "--out",
+                                       str(out), "--allow-task-code", "--no-base-cache"])
+    assert allowed.exit_code == 0, allowed.output
+    assert marker.exists() and read_results(out / "results.json").status == "complete"
+
+
+def test_python_m_clbench_cli_imports_nothing_from_the_working_folder(tmp_path: Path) -> None:
+    """`python -m` puts the working folder first on the import path: a `rich.py` lying in a
+    results folder would be imported in place of the library (and run) by `python -m
+    clbench.cli report .`, how a sweep's and accelerate's processes start."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "ran"
+    for module in ("rich", "yaml", "click"):
+        (tmp_path / f"{module}.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    done = subprocess.run([sys.executable, "-m", "clbench.cli", "list", "suites"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "starter" in done.stdout and not marker.exists()
