@@ -380,3 +380,47 @@ def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
     saved = rows.saved_cells(Path(run.out_dir), 1, plans, "stamp")
     assert list(saved) == [p.name for p in plans]
     assert all(math.isnan(cell.score) for cell in saved.values())
+
+
+def test_a_checkpoint_is_read_as_data_only(tmp_path: Path) -> None:
+    """A stage checkpoint's state.pt that would unpickle an object (a run folder is a file from
+    whoever made it) is refused with the file named, its code never run; one written by an
+    earlier clbench (NumPy's RNG state as an array) still resumes."""
+    import numpy as np
+    import torch
+    from fakes import SUITE, run_cli, write_suite
+
+    from clbench.results import write_results
+
+    suite = write_suite(tmp_path, SUITE.replace("steps: 8", "steps: 2"))
+    common = ["run", "--suite", str(suite), "--method", "test.echo-sft", "--device", "cpu"]
+    done = tmp_path / "done"
+    assert run_cli([*common, "--out", str(done)]).exit_code == 0
+    complete = read_results(done / "results.json")
+    state_path = done / "checkpoints" / "stage2" / "state.pt"
+    state = torch.load(state_path, weights_only=True)
+    # as if stopped while stage 2's row was evaluated: its checkpoint is loaded to go on
+    partial = complete.model_copy(deep=True)
+    partial.matrix, partial.row_labels = partial.matrix[:2], partial.row_labels[:2]
+    partial.stages, partial.status, partial.metrics = partial.stages[:1], "partial", {}
+    write_results(done / "results.json", partial)
+
+    marker = tmp_path / "ran"
+
+    class Hostile:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save({**state, "method": Hostile()}, state_path)
+    res = run_cli([*common, "--out", str(done), "--resume"])
+    assert res.exit_code == 2, res.output
+    assert f"{state_path}: not a checkpoint clbench can read as data" in \
+        " ".join(res.output.split())
+    assert not marker.exists()
+
+    name, keys, *rest = state["rng"]["numpy"]  # how checkpoints kept it before
+    torch.save({**state, "rng": {**state["rng"], "numpy": (name, np.asarray(
+        keys, dtype=np.uint32), *rest)}}, state_path)
+    res = run_cli([*common, "--out", str(done), "--resume"])
+    assert res.exit_code == 0, res.output
+    assert read_results(done / "results.json").score_matrix() == complete.score_matrix()
