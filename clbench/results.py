@@ -22,6 +22,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -360,14 +361,29 @@ def _depth(data: Any) -> int:
     return deepest
 
 
+#: The largest results file read (a run's own is a few hundred KB).
+MAX_RESULTS_BYTES = 64 * 2**20
+
+
 def read_results(path: str | os.PathLike[str]) -> RunResult:
-    """Read a results file; refuses an unknown major version, accepts newer minor ones."""
+    """Read a results file; refuses an unknown major version, accepts newer minor ones.
+
+    The file is someone else's, perhaps: it must be a regular file (a FIFO would block the
+    reader) of bounded size, JSON without NaN or infinity and without a key given twice; the
+    control characters of its text (terminal escapes) are dropped, so nothing it holds reaches a
+    terminal as more than text."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        if not path.is_file() and path.exists():
+            raise ResultsError(f"{path}: not a regular file, so not a results file")
+        if path.stat().st_size > MAX_RESULTS_BYTES:
+            raise ResultsError(f"{path}: larger than {MAX_RESULTS_BYTES // 2**20} MiB, too large "
+                               "to be a results file")
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant,
+                          object_pairs_hook=_unique_keys)
     except FileNotFoundError:
         raise ResultsError(f"{path}: no such results file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is one
         raise ResultsError(f"{path}: not a readable JSON results file: {exc}") from None
     except RecursionError:
         raise ResultsError(f"{path}: nested too deeply to be a results file") from None
@@ -387,6 +403,7 @@ def read_results(path: str | os.PathLike[str]) -> RunResult:
         raise ResultsError(f"{path}: results schema version {found[0]}.{found[1]} is from "
                            f"{newer} clbench; this clbench reads {ours[0]}.x. Install a clbench "
                            f"that reads schema {found[0]}.x to use this file.")
+    data = _printable(data)
     try:
         return RunResult.model_validate(migrations.results(data),
                                         context={"lenient": found[1] > ours[1]})
@@ -394,6 +411,35 @@ def read_results(path: str | os.PathLike[str]) -> RunResult:
         hint = f"not part of results schema {RESULTS_SCHEMA_VERSION}"
         raise ResultsError(describe_validation_error(err, str(path),
                                                      unknown_field_hint=hint)) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number a results file holds (clbench writes null)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+#: Control characters dropped from the text of a file read (tab and newline are kept).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _printable(data: Any) -> Any:
+    """`data` with the control characters of every string (keys too) removed: an escape
+    sequence in a name would otherwise retitle or redraw the terminal that prints it."""
+    if isinstance(data, str):
+        return _CONTROL.sub("", data)
+    if isinstance(data, dict):
+        return {_printable(k): _printable(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_printable(v) for v in data]
+    return data
 
 
 def collect_versions() -> dict[str, str]:

@@ -21,6 +21,13 @@ from clbench.seeding import MAX_SEED
 DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:\d+)?)$"
 
 SUITE_SCHEMA_VERSION = 1
+
+# Bounds of every count a suite states, so that reading or validating any file ends in seconds:
+# items drawn per task (and per step, per batch), rollouts per prompt, tokens per answer, steps.
+MAX_ITEMS = 100_000
+MAX_SAMPLES = 1_024
+MAX_TOKENS = 1_048_576
+MAX_COUNT = 10_000_000
 #: Suite, stage and probe (column) names: they name folders and files of a run, so no path
 #: separator and no leading dot.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.\-]*$"
@@ -29,7 +36,7 @@ NAME_PATTERN = r"^[a-z0-9][a-z0-9_.\-]*$"
 class Spec(BaseModel):
     """Base of every declarative model: unknown keys are errors, values are validated on set."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class TaskSpec(Spec):
@@ -39,9 +46,11 @@ class TaskSpec(Spec):
                         "entry-point group (see `clbench list tasks`), e.g. `math.arithmetic`.")
     params: dict[str, Any] = Field(default_factory=dict, description="Parameters of the task "
                                    "source, validated against that source's own config model.")
-    train_size: int = Field(default=512, ge=0, description="Number of training items drawn from "
+    train_size: int = Field(default=512, ge=0, le=MAX_ITEMS,
+                            description="Number of training items drawn from "
                             "the source's train split.")
-    eval_size: int | None = Field(default=None, ge=1, description="Number of evaluation items; "
+    eval_size: int | None = Field(default=None, ge=1, le=MAX_ITEMS,
+                                  description="Number of evaluation items; "
                                   "defaults to the protocol's `eval_size`.")
     seed: int = Field(default=1234, description="Data seed: which items are drawn. Fixed per "
                       "suite so that every method and run seed sees the same items.")
@@ -50,12 +59,15 @@ class TaskSpec(Spec):
 class Budget(Spec):
     """What one stage may spend: optimizer steps, prompts per step, samples per prompt, tokens."""
 
-    steps: int = Field(ge=1, description="Optimizer steps in the stage.")
-    prompts_per_step: int = Field(default=4, ge=1, description="Distinct prompts per optimizer "
+    steps: int = Field(ge=1, le=MAX_COUNT, description="Optimizer steps in the stage.")
+    prompts_per_step: int = Field(default=4, ge=1, le=MAX_ITEMS,
+                                  description="Distinct prompts per optimizer "
                                   "step (SFT uses this many reference solutions per step).")
-    samples_per_prompt: int = Field(default=4, ge=1, description="Rollouts per prompt for "
+    samples_per_prompt: int = Field(default=4, ge=1, le=MAX_SAMPLES,
+                                    description="Rollouts per prompt for "
                                     "on-policy methods (the GRPO group size).")
-    max_new_tokens: int = Field(default=64, ge=1, description="Maximum tokens generated per "
+    max_new_tokens: int = Field(default=64, ge=1, le=MAX_TOKENS,
+                                description="Maximum tokens generated per "
                                 "rollout.")
     temperature: float = Field(default=1.0, ge=0.0, description="Sampling temperature of the "
                                "training rollouts.")
@@ -98,8 +110,10 @@ class LmEvalProbe(Spec):
                         "when the task reports several.")
     include_path: str | None = Field(default=None, description="Folder of extra lm-eval task "
                                      "YAMLs; relative paths are resolved against the suite file.")
-    num_fewshot: int | None = Field(default=None, ge=0, description="Few-shot examples.")
-    limit: int | None = Field(default=None, ge=1, description="Evaluate at most this many items.")
+    num_fewshot: int | None = Field(default=None, ge=0, le=MAX_SAMPLES,
+                                    description="Few-shot examples.")
+    limit: int | None = Field(default=None, ge=1, le=MAX_ITEMS,
+                              description="Evaluate at most this many items.")
 
     @field_validator("metric")
     @classmethod
@@ -137,8 +151,10 @@ class DecodingSpec(Spec):
     temperature: float = Field(default=0.0, ge=0.0, description="0 means greedy decoding.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus threshold when "
                          "sampling.")
-    max_new_tokens: int = Field(default=96, ge=1, description="Maximum tokens per answer.")
-    batch_size: int = Field(default=16, ge=1, description="Prompts per generation batch.")
+    max_new_tokens: int = Field(default=96, ge=1, le=MAX_TOKENS,
+                                description="Maximum tokens per answer.")
+    batch_size: int = Field(default=16, ge=1, le=MAX_ITEMS,
+                            description="Prompts per generation batch.")
 
 
 MetricName = Literal["acc", "op", "aia", "la", "bwt", "fwt", "forgetting", "ood_delta",
@@ -149,7 +165,8 @@ class WeightDriftSpec(Spec):
     """Parameter drift of every 2-D weight after each stage (:mod:`clbench.metrics.drift`)."""
 
     enabled: bool = Field(default=True, description="Measure it after every stage.")
-    k: int = Field(default=16, ge=1, description="Singular directions of the compared "
+    k: int = Field(default=16, ge=1, le=MAX_SAMPLES,
+                   description="Singular directions of the compared "
                    "subspaces (principal angles) and of the rank-k reconstruction (mask).")
     rtol: float = Field(default=1e-3, gt=0.0, description="An entry counts as changed when "
                         "|W1 - W0| > rtol * max(|W0|, |W1|).")
@@ -162,12 +179,14 @@ class ArtifactSpec(Spec):
     (:mod:`clbench.metrics.artifacts`)."""
 
     enabled: bool = Field(default=True, description="Look for them after every stage.")
-    n: int = Field(default=4, ge=1, description="Words per pattern (n-gram).")
-    top: int = Field(default=5, ge=1, description="Most frequent patterns reported per column.")
+    n: int = Field(default=4, ge=1, le=MAX_SAMPLES, description="Words per pattern (n-gram).")
+    top: int = Field(default=5, ge=1, le=MAX_SAMPLES,
+                     description="Most frequent patterns reported per column.")
     growth: float = Field(default=3.0, gt=1.0, description="A pattern is amplified when its "
                           "rate per response grew by this factor since row 0 (and it occurs at "
                           "least twice per response).")
-    repeat_limit: int = Field(default=4, ge=2, description="A response is repetitive when one "
+    repeat_limit: int = Field(default=4, ge=2, le=MAX_COUNT,
+                              description="A response is repetitive when one "
                               "pattern occurs in it this many times.")
 
 
@@ -176,7 +195,8 @@ class ResponseDriftSpec(Spec):
     (:mod:`clbench.metrics.responses`)."""
 
     enabled: bool = Field(default=True, description="Measure it after every stage.")
-    items_per_column: int = Field(default=4, ge=1, description="The probe prompts: the first "
+    items_per_column: int = Field(default=4, ge=1, le=MAX_ITEMS,
+                                  description="The probe prompts: the first "
                                   "this many evaluation items of each task column; the "
                                   "responses compared are the evaluation's own (greedy by "
                                   "default) in row 0 and in the stage's row.")
@@ -187,7 +207,8 @@ class DistanceSpec(Spec):
     (:mod:`clbench.metrics.distance`), recorded beside the column's change."""
 
     enabled: bool = Field(default=True, description="Measure it for every stage.")
-    max_prompts: int = Field(default=256, ge=2, description="Prompts embedded per side at "
+    max_prompts: int = Field(default=256, ge=2, le=MAX_ITEMS,
+                             description="Prompts embedded per side at "
                              "most (the first ones of the stage's training items and of the "
                              "column's evaluation items).")
 
@@ -240,7 +261,8 @@ class ProtocolSpec(Spec):
         description="Metrics computed from the accuracy matrix.")
     variants: MetricVariants = Field(default_factory=MetricVariants, description="Metric "
                                      "variants.")
-    eval_size: int = Field(default=200, ge=1, description="Evaluation items per column unless "
+    eval_size: int = Field(default=200, ge=1, le=MAX_ITEMS,
+                           description="Evaluation items per column unless "
                            "a task sets `eval_size`.")
     nonfinite_loss: Literal["stop", "skip"] = Field(
         default="stop", description="A training step whose loss or gradient norm is NaN or "
@@ -257,7 +279,8 @@ class ProtocolSpec(Spec):
                                    "decoding.")
     diagnostics: DiagnosticsSpec = Field(default_factory=DiagnosticsSpec, description="Drift, "
                                          "artifact and collapse diagnostics after each stage.")
-    bootstrap_samples: int = Field(default=1000, ge=0, description="Cell intervals: on when "
+    bootstrap_samples: int = Field(default=1000, ge=0, le=MAX_ITEMS,
+                                   description="Cell intervals: on when "
                                    "above 0 (0 disables them). A cell's interval is the Wilson "
                                    "score interval of its fraction correct, which keeps a width "
                                    "at 0 and 1 where a percentile bootstrap has none.")

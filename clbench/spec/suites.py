@@ -60,8 +60,12 @@ def suite_dirs() -> list[Path]:
     seen: set[Path] = set()
     out: list[Path] = []
     for d in dirs:
-        key = d.resolve()
-        if key not in seen and d.is_dir():
+        try:
+            key = d.resolve()
+            found = d.is_dir()
+        except (OSError, RuntimeError):  # a symlink loop, a folder that cannot be reached
+            continue
+        if key not in seen and found:
             seen.add(key)
             out.append(d)
     return out

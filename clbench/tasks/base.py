@@ -63,7 +63,7 @@ class Grade:
 class TaskParams(BaseModel):
     """Base of a task source's parameters (empty by default)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     #: Parameters that change how items are written, not which items are drawn: left out of
     #: :meth:`draw_key`, so adding one (at any value) keeps every suite's items as they were.

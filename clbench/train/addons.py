@@ -26,7 +26,7 @@ from clbench.train.loop import TrainingHooks
 class AddOnConfig(BaseModel):
     """Base of every add-on's config. Fields must carry descriptions (they are the CLI help)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class AddOn(TrainingHooks):

@@ -38,7 +38,7 @@ STAGE_KEY = "clbench.stage"
 class MethodConfig(BaseModel):
     """Base of every method's config. Fields must carry descriptions (they are the CLI help)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 @dataclass

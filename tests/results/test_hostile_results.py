@@ -96,7 +96,7 @@ def test_nan_in_a_file_is_refused_and_nesting_beyond_the_parser_is_an_error(tmp_
                                                                             ) -> None:
     path = _file(tmp_path, "nan", _result(tmp_path))
     path.write_text(path.read_text().replace('"score": 0.6', '"score": NaN', 1))
-    with pytest.raises(Exception, match=r"score nan is not a fraction in \[0, 1\]"):
+    with pytest.raises(Exception, match=r"NaN is not a number a results file holds"):
         read_results(path)
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 200_000 + "]" * 200_000)
@@ -135,3 +135,59 @@ def test_stored_metrics_are_recomputed_from_the_matrix_and_a_mismatch_is_said(tm
     built = CliRunner().invoke(cli, ["leaderboard", "build", str(path), "--out",
                                      str(tmp_path / "site"), "--strict"])
     assert built.exit_code != 0 and "metric acc is stored as 0.99" in built.output
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda text: text.replace('"seed": 0', '"seed": 0, "seed": 1'),
+     "the key 'seed' is given twice in one object"),
+    (lambda text: text.replace('"wall_time_s": 0.0', '"wall_time_s": Infinity'),
+     "Infinity is not a number a results file holds"),
+    (lambda text: text.replace('"score": 0.5', '"score": NaN', 1),
+     "NaN is not a number a results file holds"),
+])
+def test_duplicate_keys_and_non_finite_numbers_are_refused_with_the_file_named(
+        tmp_path: Path, edit, message: str) -> None:
+    from clbench.results import ResultsError
+
+    path = _file(tmp_path, "a", _result(tmp_path))
+    changed = edit(path.read_text())
+    assert changed != path.read_text()
+    path.write_text(changed)
+    with pytest.raises(ResultsError, match=f"^{path}: not a readable JSON results file: "
+                                           f"{message}"):
+        read_results(path)
+    # the board leaves it out with its reason, and `report` says why
+    res = CliRunner().invoke(cli, ["report", str(path)])
+    assert res.exit_code == 2 and message in " ".join(res.output.split())
+
+
+def test_terminal_escapes_in_a_results_file_reach_no_terminal(tmp_path: Path) -> None:
+    escapes = "\x1b]0;owned\x07\x1b[2J\x1b[1A\x9b31m"
+    result = _result(tmp_path, method=f"sft{escapes}")
+    result.suite["description"] = f"about{escapes}"
+    path = _file(tmp_path, "a", result)
+    read = read_results(path)
+    assert read.method.name == "sft]0;owned[2J[1A31m"  # the text, without its controls
+    assert read.suite["description"].startswith("about]0;owned")
+    for args in (["report", str(path)], ["report", str(path), "--json"],
+                 ["report", str(path), "--markdown"]):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0, res.output
+        assert not any(c in res.output for c in "\x1b\x07\x9b"), args
+
+
+def test_a_fifo_or_an_oversized_file_is_refused_without_reading_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import clbench.results as results
+    from clbench.results import ResultsError
+
+    fifo = tmp_path / "results.json"
+    os.mkfifo(fifo)  # opening it to read would block until a writer came
+    with pytest.raises(ResultsError, match="not a regular file"):
+        read_results(fifo)
+    path = _file(tmp_path, "a", _result(tmp_path))
+    monkeypatch.setattr(results, "MAX_RESULTS_BYTES", 1000)
+    with pytest.raises(ResultsError, match="larger than 0 MiB, too large"):
+        read_results(path)

@@ -61,6 +61,18 @@ def test_list_suites_shows_a_hostile_file_as_invalid_and_lists_the_others(write_
     assert "starter" in result.output
 
 
+def test_a_symlink_loop_on_the_suite_path_is_passed_over(tmp_path, monkeypatch) -> None:
+    """A loop among CLBENCH_SUITE_PATH's folders (or one that cannot be reached) is left out:
+    every suite command still works with the others."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    monkeypatch.setenv("CLBENCH_SUITE_PATH", f"{tmp_path / 'a'}:/proc/1/root/nowhere")
+    for args in (["list", "suites"], ["validate", "smoke"],
+                 ["run", "--suite", "smoke", "--method", "sft", "--plan"]):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 0, (args, result.output)
+
+
 def test_field_errors_give_the_line_and_column_in_plain_words(write_suite) -> None:
     path = write_suite("name: Tiny!\n"
                        "stages:\n"
@@ -174,3 +186,22 @@ def test_the_starter_with_any_value_replaced_validates_or_names_the_field(data, 
                                                                           ) -> None:
     path = tmp_path / "mutated.yaml"
     _check_any(path, _mutated_starter(data))
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("stages[0].task.train_size", "1000000000000", "Input should be less than or equal to 100000"),
+    ("protocol.eval_size", "100001", "Input should be less than or equal to 100000"),
+    ("stages[0].budget.samples_per_prompt", "1e9", "Input should be"),
+    ("stages[0].budget.temperature", ".inf", "Input should be a finite number"),
+    ("protocol.diagnostics.collapse.score_floor", ".nan", "Input should be a finite number"),
+])
+def test_counts_are_bounded_and_numbers_finite_before_any_work(field: str, value: str,
+                                                              message: str) -> None:
+    """A suite asking for 10^12 items once made `validate` draw until memory ran out; an
+    infinite setting validated, then crashed writing run.json."""
+    started = time.perf_counter()
+    result = CliRunner().invoke(cli, ["run", "--suite", "smoke", "--method", "sft", "--plan",
+                                      "--set", f"{field}={value}"])
+    assert result.exit_code == 2
+    assert f"{field}: {message}" in " ".join(result.output.split())
+    assert time.perf_counter() - started < 5.0
