@@ -53,21 +53,43 @@ def stop_of(exc: KeyboardInterrupt) -> tuple[str, int]:
     return "interrupted", 128 + signal.SIGINT
 
 
+_stop_requests = [0]  # Ctrl-C, SIGTERM and SIGHUP received under terminate_as_interrupt
+
+
+def stop_requests() -> int:
+    """How many stop requests have arrived so far: code that gets control back from a plugin
+    compares it with the count before, to find a stop the plugin caught and went on from."""
+    return _stop_requests[0]
+
+
 def _raise_terminated(signum: int, frame: object) -> None:
+    _stop_requests[0] += 1
     raise Terminated()
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    _stop_requests[0] += 1
+    raise KeyboardInterrupt
 
 
 @contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
-    """While inside, SIGTERM raises :class:`Terminated` in the main thread (elsewhere: no-op)."""
+    """While inside, SIGTERM raises :class:`Terminated` in the main thread (elsewhere: no-op),
+    and every stop request is counted (:func:`stop_requests`; Ctrl-C too, where Python's own
+    handler has it)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    interrupt = signal.getsignal(signal.SIGINT)
+    if interrupt is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _raise_interrupted)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if interrupt is signal.default_int_handler:
+            signal.signal(signal.SIGINT, interrupt)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_write_json
-from clbench.errors import RunFailed, UserError
+from clbench.errors import RunFailed, UserError, stop_requests
 from clbench.plugins.registry import PluginError
 from clbench.run.rundir import (
     RunDirError,
@@ -86,19 +86,29 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
 
 
 def _run_method(ctx: RunContext, method: Method, stage_ctx: Any) -> StageReport:
-    """`method.train_stage(stage_ctx)`; a method that raises fails the run with one message
-    naming it (the traceback in run.log), but the user's own mistakes are said as they are."""
+    """`method.train_stage(stage_ctx)`; a method that raises, exits the process or catches a
+    stop request and goes on fails the run with one message naming it (a traceback in
+    run.log), but the user's own mistakes are said as they are."""
+    name, stage = ctx.run.method.name, stage_ctx.stage_index
+    plugin = f"{type(method).__module__}.{type(method).__qualname__}"
+    where = f"stage {stage} ({stage_ctx.stage_name}): the method {name!r} ({plugin})"
+    stops = stop_requests()
     try:
-        return method.train_stage(stage_ctx)
+        report = method.train_stage(stage_ctx)
     except (UserError, OSError):  # the user's to fix (a setting, a full disk): said as it is
         raise
+    except SystemExit as exc:  # exit status 0 would say a partial run completed
+        log.error("%s called sys.exit(%r)", where, exc.code)
+        raise RunFailed(f"{where} called sys.exit({exc.code!r}): a method returns its report, "
+                        "it does not end the process") from None
     except Exception as exc:
-        name, stage = ctx.run.method.name, stage_ctx.stage_index
-        plugin = f"{type(method).__module__}.{type(method).__qualname__}"
         log.exception("stage %d: the method %s (%s) raised", stage, name, plugin)
-        raise RunFailed(f"stage {stage} ({stage_ctx.stage_name}): the method {name!r} "
-                        f"({plugin}) raised {type(exc).__name__}: {exc}. The traceback is in "
+        raise RunFailed(f"{where} raised {type(exc).__name__}: {exc}. The traceback is in "
                         f"{ctx.run_dir / 'run.log'} (--debug prints it)") from exc
+    if stop_requests() != stops:
+        raise RunFailed(f"{where} caught a stop request (Ctrl-C, SIGTERM) and went on: the "
+                        "stage is not kept; --resume trains it again")
+    return report
 
 
 class StepCheckpoints:

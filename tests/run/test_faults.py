@@ -9,6 +9,9 @@ import errno
 import json
 import math
 import os
+import signal
+import sys
+import time
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -102,6 +105,48 @@ def test_a_plugin_that_raises_fails_the_run_by_name_with_the_rows_kept(tmp_path:
     assert "the method 'exploding'" in stored.error
     log = (tmp_path / "run" / "run.log").read_text()
     assert "Traceback" in log and "the plugin's own bug" in log
+
+
+class Exiting(Exploding):
+    name: ClassVar[str] = "exiting"
+    description: ClassVar[str] = "ends the process in its second stage"
+
+    def train_stage(self, ctx: Any) -> StageReport:
+        if ctx.stage_index == 2:
+            sys.exit(0)
+        return super().train_stage(ctx)
+
+
+class Swallowing(Exploding):
+    name: ClassVar[str] = "swallowing"
+    description: ClassVar[str] = "catches the stop request of its second stage and goes on"
+
+    def train_stage(self, ctx: Any) -> StageReport:
+        if ctx.stage_index == 2:
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler raises before this returns
+            except KeyboardInterrupt:
+                pass
+        return StageReport(steps=[{"loss": 0.0}] * ctx.budget.steps)
+
+
+@pytest.mark.parametrize("plugin, said", [
+    (Exiting, "called sys.exit(0): a method returns its report, it does not end the process"),
+    (Swallowing, "caught a stop request (Ctrl-C, SIGTERM) and went on: the stage is not kept"),
+])
+def test_a_plugin_that_exits_or_swallows_a_stop_fails_the_run(tmp_path: Path, plugin: type,
+                                                              said: str) -> None:
+    """Exit status 0 would say a partial run completed; a stop a method caught would train on
+    past what the user asked."""
+    with registry.extra_plugins(methods={plugin.name: plugin}):
+        result = _run(tmp_path / "run", method=plugin.name)
+    assert result.exit_code == 1, result.output
+    assert f"stage 2 (science): the method '{plugin.name}' (test_faults.{plugin.__name__}) " \
+        f"{said}" in " ".join(result.output.split())
+    stored = read_results(tmp_path / "run" / "results.json")
+    assert stored.status == "failed" and len(stored.matrix) == 2
+    assert not (tmp_path / "run" / "checkpoints" / "stage2").exists()
 
 
 @pytest.mark.parametrize("error", [errno.ENOSPC, errno.EACCES])
