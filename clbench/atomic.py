@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -74,6 +75,22 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any, indent: int | Non
     """
     text = json.dumps(data, indent=indent, ensure_ascii=False, allow_nan=False)
     return atomic_write_text(path, text + "\n")
+
+
+@contextlib.contextmanager
+def os_errors_of(path: str | os.PathLike[str]) -> Iterator[None]:
+    """A library's own file writer failing for the system's reasons (safetensors raises its
+    SafetensorError on a full disk or a file-size limit) raises the OSError it is, naming
+    `path`: the command then says "PATH: No space left on device" instead of a traceback."""
+    try:
+        yield
+    except Exception as exc:
+        code = re.search(r"os error (\d+)", str(exc)) \
+            if type(exc).__name__ == "SafetensorError" else None
+        if code is None:
+            raise
+        number = int(code.group(1))
+        raise OSError(number, os.strerror(number), str(path)) from None
 
 
 @contextlib.contextmanager

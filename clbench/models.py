@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clbench.atomic import atomic_dir, file_lock
+from clbench.atomic import atomic_dir, file_lock, os_errors_of
 from clbench.spec.reading import SpecError
 from clbench.spec.schema import ModelSpec
 
@@ -277,7 +277,8 @@ def _materialise_gguf(gguf: Path, out_dir: Path) -> None:
         raise RuntimeError(f"GGUF weights do not match the config: missing {missing}, "
                            f"unexpected {unexpected}")
     model.generation_config = quantized.generation_config
-    model.save_pretrained(out_dir, safe_serialization=True)
+    with os_errors_of(out_dir):
+        model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
 
 

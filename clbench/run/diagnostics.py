@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.atomic import os_errors_of
 from clbench.eval.column import read_records, records_path
 from clbench.metrics.artifacts import artifact_report, collapse_evidence
 from clbench.metrics.drift import (
@@ -93,7 +94,8 @@ def keep_base_weights(run_dir: Path, model: Any) -> None:
                for name, w in _parameters(model).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{BASE_WEIGHTS}.partial")  # a kill leaves no half file
-    save_file(tensors, str(partial))
+    with os_errors_of(path):
+        save_file(tensors, str(partial))
     partial.replace(path)
 
 

@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from clbench.atomic import atomic_dir
+from clbench.atomic import atomic_dir, os_errors_of
 from clbench.run.rundir import IDENTITY_FILE, STUDENT_WEIGHTS, RunDirError
 
 
@@ -62,7 +62,7 @@ def export_model(run_dir: str | Path, out_dir: str | Path, trust_remote_code: bo
     model, tokenizer = load_model(spec, device="cpu", dtype=torch_dtype,
                                   seed=int(identity.get("seed", 0)))
     load_weights(model, str(weights), device="cpu")
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out) as tmp, os_errors_of(out):
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return out, stages[-1]

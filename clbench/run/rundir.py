@@ -26,7 +26,13 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from clbench import migrations
-from clbench.atomic import atomic_dir, atomic_write_json, lock_is_held, try_file_lock
+from clbench.atomic import (
+    atomic_dir,
+    atomic_write_json,
+    lock_is_held,
+    os_errors_of,
+    try_file_lock,
+)
 from clbench.errors import UserError
 from clbench.models import absolute_model_name
 from clbench.results import RESULTS_FILENAME, RunResult, read_results
@@ -464,7 +470,8 @@ def _write_checkpoint(final: Path, model: Any, method: Method, extra: dict[str, 
     from safetensors.torch import save_model
 
     with atomic_dir(final) as tmp:
-        save_model(model, str(tmp / STUDENT_WEIGHTS))
+        with os_errors_of(final / STUDENT_WEIGHTS):
+            save_model(model, str(tmp / STUDENT_WEIGHTS))
         torch.save({"method": method.state_dict(), "rng": rng_states(), **extra},
                    tmp / "state.pt")
     return final

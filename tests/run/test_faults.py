@@ -189,3 +189,21 @@ def test_an_out_folder_that_cannot_be_made_is_one_message(tmp_path: Path) -> Non
     assert ("cannot create or lock the run folder /proc/clbench-cannot-be-here (No such file or "
             "directory); choose another --out") in flat
     assert "Traceback" not in result.output
+
+
+def test_a_file_size_limit_is_one_message_naming_the_file(tmp_path: Path) -> None:
+    """`ulimit -f` (or a full disk) while safetensors writes weights: its own SafetensorError
+    is said as the system's error, with the file, not as a traceback."""
+    import resource
+    import subprocess
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))  # below the weights
+
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "clbench.cli", "run", "--suite", "smoke",
+                           "--method", "sft", "--out", str(out), "--no-base-cache"],
+                          preexec_fn=limit, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert f"error: {out}/checkpoints/base-weights.safetensors: File too large" in done.stderr
