@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from clbench.errors import RunFailed, UserError, stop_of
 from clbench.plugins import registry
@@ -58,6 +59,7 @@ from clbench.run.context import RunContext
 from clbench.run.observers import ComputeAccount, stage_observers, write
 from clbench.run.rows import evaluate_row, forget_saved_cells, to_cells
 from clbench.run.rundir import (
+    RunDirError,
     check_run_dir,
     claimed_run_folder,
     has_checkpoint,
@@ -198,9 +200,17 @@ class RunRecipe:
         partial = progress_checkpoint(self.run_dir, done + 1) if going and not trained else None
         resume, news = None, ""
         if partial:
-            resume = load_progress_checkpoint(partial[1], self.model, self.method)
-            news = f"stage {done + 1} continues after step {partial[0]} of " \
-                f"{stages[done].budget.steps}"
+            try:
+                resume = load_progress_checkpoint(partial[1], self.model, self.method)
+                news = f"stage {done + 1} continues after step {partial[0]} of " \
+                    f"{stages[done].budget.steps}"
+            except RunDirError as exc:  # damaged: the stage starts again from the last intact
+                log.warning("%s", exc)
+                self.console.print(f"[yellow]{escape(str(exc))}[/]", soft_wrap=True)
+                news = f"stage {done + 1} trains again from its start (its checkpoint after " \
+                    f"step {partial[0]} is damaged)"
+                if done:
+                    load_checkpoint(self.run_dir, done, self.model, self.method, self.addons)
         elif trained or done:
             load_checkpoint(self.run_dir, trained or done, self.model, self.method, self.addons)
             if trained:

@@ -483,8 +483,15 @@ def _read_checkpoint(folder: Path, model: Any, method: Method) -> dict[str, Any]
     where torch takes RNG states; optimizer states move to their parameters when loaded)."""
     from safetensors.torch import load_model
 
-    load_model(model, str(folder / STUDENT_WEIGHTS), device=str(model.device))
-    state = load_state(folder / "state.pt")
+    state = load_state(folder / "state.pt")  # first: a damaged checkpoint leaves `model` as is
+    weights = folder / STUDENT_WEIGHTS
+    try:  # the file is read whole before any weight is set
+        load_model(model, str(weights), device=str(model.device))
+    except Exception as exc:  # safetensors' own error, or the system's
+        if not (isinstance(exc, OSError) or type(exc).__name__ == "SafetensorError"):
+            raise
+        raise RunDirError(f"{weights}: damaged, it cannot be read ({exc}); it is not "
+                          "loaded") from None
     method.load_state_dict(_to_device(state["method"], model.device))
     return state
 
@@ -504,9 +511,8 @@ def load_state(path: Path) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RunDirError(f"{path}: not a checkpoint clbench can read as data ({first[:200]}); "
-                          "it is not loaded. Delete its folder to train that stage again, or "
-                          "choose another --out") from None
+        raise RunDirError(f"{path}: not a checkpoint clbench can read as data ({first[:120]}); "
+                          "it is not loaded") from None
 
 
 def _to_device(value: Any, device: Any) -> Any:

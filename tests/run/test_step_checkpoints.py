@@ -301,3 +301,26 @@ def test_a_joint_run_stopped_in_its_stage_continues_from_its_last_step(tmp_path:
     assert reports[0] == reports[1] and len(reports[0]["steps"]) == 6
     assert b.score_matrix() == a.score_matrix()
     assert any(step["grad_norm"] > 0 for step in reports[0]["steps"])
+
+
+@pytest.mark.parametrize("damaged", ["state.pt", "student.safetensors"])
+def test_a_damaged_step_checkpoint_falls_back_to_the_last_intact_one(tmp_path: Path,
+                                                                     damaged: str) -> None:
+    """A step checkpoint cut short (a disk that failed, a copy interrupted) is named and left
+    alone: the stage trains again from the previous stage's checkpoint, and the run ends as an
+    uninterrupted one."""
+    run = stopping_runner(tmp_path, "sft", SUITE)
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert run(straight).exit_code == 0
+    STOP["at"] = (2, 3)
+    assert run(stopped).exit_code == 130
+    path = stopped / "checkpoints" / "stage2-step2" / damaged
+    path.write_bytes(path.read_bytes()[:100])  # truncated
+    res = run(stopped, "--resume")
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert f"{path}:" in said and "stage 2 trains again from its start (its checkpoint after " \
+        "step 2 is damaged)" in said
+    a, b = read_results(straight / "results.json"), read_results(stopped / "results.json")
+    assert b.status == "complete" and b.score_matrix() == a.score_matrix()
+    assert [s.summary["loss"] for s in b.stages] == [s.summary["loss"] for s in a.stages]
