@@ -87,6 +87,8 @@ def export_lm_eval(suite: Any, out_dir: str | Path,
     items = {column: registry.build_task(spec, where=where).examples(
                  "eval", spec.seed, spec.eval_size or suite.protocol.eval_size)
              for column, spec, where in columns}
+    _refuse_others_files(out, [out / f"{n}.{ext}" for n in names.values()
+                               for ext in ("yaml", "jsonl")] + [out / "utils.py"])
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for column, spec, _ in columns:
@@ -132,6 +134,28 @@ def export_lm_eval(suite: Any, out_dir: str | Path,
                     if removed is not None:
                         removed.append(path)
     return written
+
+
+def _refuse_others_files(out: Path, paths: Sequence[Path]) -> None:
+    """Refuse to write over a file an export of clbench did not write: a task YAML without the
+    export's header (and the items beside it), a `utils.py` other than the export's own."""
+    theirs = []
+    for path in paths:
+        if not path.exists() and not path.is_symlink():
+            continue
+        if path.suffix == ".py":
+            ours = path.is_file() and _first_line(path) == _UTILS.splitlines(keepends=True)[0]
+        else:
+            yaml_path = path.with_suffix(".yaml")
+            ours = path.is_file() and (not yaml_path.exists() or _first_line(
+                yaml_path).startswith("# exported by clbench from suite "))
+        if not ours:
+            theirs.append(path)
+    if theirs:
+        raise UserError(f"{out} holds files that clbench did not export, which the export "
+                        f"would write over: {', '.join(str(p) for p in theirs[:4])}"
+                        + (f" and {len(theirs) - 4} more" if len(theirs) > 4 else "")
+                        + "; export to another folder")
 
 
 def _header(suite_name: str) -> str:

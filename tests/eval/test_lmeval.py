@@ -369,6 +369,30 @@ def test_export_command(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "utils.py").is_file()
 
 
+@pytest.mark.parametrize("theirs", ["utils.py", "clbench_echo_low.yaml",
+                                    "clbench_echo_low.jsonl"])
+def test_export_writes_over_no_file_it_did_not_write(tmp_path: Path, theirs: str) -> None:
+    """A folder's own `utils.py` (or a task of the same name) is someone's: the export refuses
+    and writes nothing; its own earlier export it replaces."""
+    from fakes import SUITE, run_cli
+
+    suite = tmp_path / "echo.yaml"
+    suite.write_text(SUITE)
+    args = ["export-lm-eval", str(tmp_path / "out"), "--suite", str(suite)]
+    assert run_cli(args).exit_code == 0
+    assert run_cli(args).exit_code == 0  # again over its own export: fine
+    if theirs.endswith(".jsonl"):  # items beside a task YAML that is not an export's
+        (tmp_path / "out" / "clbench_echo_low.yaml").write_text("task: mine\n")
+    (tmp_path / "out" / theirs).write_text("mine = True\n")
+    before = {p.name: p.read_text() for p in (tmp_path / "out").iterdir()}
+    res = run_cli(args)
+    assert res.exit_code == 2
+    said = " ".join(res.output.split())
+    assert "holds files that clbench did not export, which the export would write over: " \
+        in said and str(tmp_path / "out" / theirs) in said
+    assert {p.name: p.read_text() for p in (tmp_path / "out").iterdir()} == before
+
+
 def test_export_refuses_two_columns_that_would_share_a_task_name(tmp_path: Path) -> None:
     from fakes import PLUGINS, SUITE
 
