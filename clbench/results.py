@@ -38,6 +38,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
@@ -152,6 +153,29 @@ class StageRecord(Record):
                                         "`response_drift`, `artifacts` (per task column), "
                                         "`rollouts` (entropy, never-ended share), `distance` "
                                         "(per task column), `collapse` (reasons).")
+
+    @field_validator("diagnostics")
+    @classmethod
+    def _shapes(cls, diagnostics: dict[str, Any]) -> dict[str, Any]:
+        # what reports and the leaderboard read from them, as they read it
+        for key, shape in DIAGNOSTIC_SHAPES.items():
+            value = diagnostics.get(key)
+            if value is not None and not isinstance(value, shape):
+                raise ValueError(f"{key} should be a {'mapping' if shape is dict else 'list'}, "
+                                 f"got {type(value).__name__}")
+        for per_column in ("artifacts", "distance"):
+            columns = diagnostics.get(per_column) or {}
+            inner = columns.get("columns", {}) if per_column == "distance" else columns
+            if not isinstance(inner, dict) or not all(isinstance(v, dict)
+                                                      for v in inner.values()):
+                raise ValueError(f"{per_column} should map each column to a mapping")
+        return diagnostics
+
+
+#: The shape of each diagnostic a stage record may hold (see `StageRecord.diagnostics`).
+DIAGNOSTIC_SHAPES: dict[str, type] = {"weight_drift": dict, "response_drift": dict,
+                                      "artifacts": dict, "rollouts": dict, "distance": dict,
+                                      "collapse": list}
 
 
 class MethodInfo(Record):

@@ -223,10 +223,14 @@ def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[s
     }
 
 
-def board(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
+def board(found: Sequence[tuple[Path, RunResult]], problems: list[str] | None = None
+          ) -> dict[str, Any]:
     """`{"suites": [{key, name, version, hash, stages, columns, entries: [...]}]}`: every
     complete run in `found` in its suite's entry (collapsed runs count: a method that collapses
-    is ranked, not hidden), entries ranked by ACC."""
+    is ranked, not hidden), entries ranked by ACC. A second run of one entry's seed, or an
+    entry whose files cannot be shown, is left out and said in `problems`: one bad file never
+    takes the board down."""
+    problems = [] if problems is None else problems
     contenders = [(p, r) for p, r in found if r.status in ("complete", "collapsed")
                   and not r.joint]
     complete = [(p, r.model_copy(update={"status": "complete"})) for p, r in contenders]
@@ -237,11 +241,16 @@ def board(found: Sequence[tuple[Path, RunResult]]) -> dict[str, Any]:
     suites: dict[str, dict[str, Any]] = {}
     for _, runs in sorted(by_model.items(), key=lambda item: item[0]):
         where = {id(r): p for p, r in runs}
-        for suite, labels in comparison_groups(runs).items():
+        for suite, labels in comparison_groups(runs, problems).items():
             info = suites.setdefault(suite, _suite_info(suite, next(iter(labels.values()))[0]))
             for label, results in sorted(labels.items()):
                 restored = [(where[id(r)], original[id(r)]) for r in results]
-                info["entries"].append(_entry(suite, label, restored))
+                try:
+                    info["entries"].append(_entry(suite, label, restored))
+                except (ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError) as exc:
+                    files = ", ".join(str(p) for p, _ in restored)
+                    problems.append(f"{files}: left out, {label} cannot be shown "
+                                    f"({type(exc).__name__}: {exc})")
     for info in suites.values():
         info["entries"].sort(key=lambda e: (-(e["metrics"].get("acc", {}).get("mean") or -1),
                                             e["label"], e["model"]))

@@ -17,11 +17,13 @@ rebuild from the same files writes the same bytes (plots included: :mod:`.plots`
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from clbench.atomic import atomic_dir
 from clbench.errors import UserError
 from clbench.leaderboard import plots
 from clbench.leaderboard.entries import INDEX_METRICS, METRIC_HELP, board, find_results
@@ -83,40 +85,57 @@ def _column_lines(entry: dict[str, Any]) -> dict[str, list[float | None]]:
             for j, c in enumerate(matrix["columns"])}
 
 
-def _prepare_out(out: Path) -> None:
-    """An empty or missing folder, or a site this command built (replaced whole); anything else
-    is refused rather than overwritten."""
+def _prepare_out(out: str | Path, inputs: Sequence[str | Path]) -> Path:
+    """`out` as an absolute path with `..` resolved: an empty or missing folder, or a site this
+    command built (replaced whole); anything else is refused rather than overwritten: a file,
+    a folder of other files, the working folder, a folder that holds or is inside what is
+    read."""
+    given, out = out, Path(os.path.abspath(out))
+    if out == Path.cwd() or out == out.parent:
+        raise UserError(f"--out {given}: the working folder (or the root); name a folder for the "
+                        "site, e.g. --out site")
+    for source in map(lambda p: Path(os.path.abspath(p)), inputs):
+        if out == source or out in source.parents or source in out.parents:
+            raise UserError(f"--out {given}: it holds, or is inside, results read ({source}); "
+                            "name a folder apart from them")
     if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: a file, not a folder")
+        raise UserError(f"--out {given}: a file, not a folder")
     if out.is_dir() and any(out.iterdir()) and not (out / DATA_FILE).is_file():
-        raise UserError(f"--out {out}: a folder that holds other files and no {DATA_FILE}; "
+        raise UserError(f"--out {given}: a folder that holds other files and no {DATA_FILE}; "
                         "name an empty or new folder (an earlier site is replaced)")
+    return out
 
 
 def build(paths: Sequence[str | Path], out: str | Path, strict: bool = False
           ) -> tuple[dict[str, Any], list[str]]:
     """Build the site into `out` from the results files found in `paths`; returns the data
-    and the problems with files that were skipped (`strict`: a problem is an error)."""
-    from markupsafe import Markup
-
+    and the problems with files that were skipped (`strict`: a problem is an error). The
+    site is built beside `out` and renamed into place: an earlier site stays whole until then."""
     from clbench import __version__
 
-    out = Path(out)
-    _prepare_out(out)
+    out = _prepare_out(out, paths)
     problems: list[str] = []
     found = find_results(paths, problems)
+    data = board(found, problems)
     if problems and strict:
         raise UserError(f"{len(problems)} results file(s) cannot be used (--strict): "
                         + "; ".join(problems))
-    data = board(found)
+    common = {"clbench_version": __version__, "run_count": len(found)}
+    with atomic_dir(out) as staging:
+        public = _write_site(staging, data, problems, _environment(), common)
+    return public, problems
+
+
+def _write_site(staging: Path, data: dict[str, Any], problems: list[str], env: Any,
+                common: dict[str, Any]) -> dict[str, Any]:
+    """Every page, plot, raw results file and the data of the site into `staging`; the data
+    as `leaderboard.json` holds it."""
+    from markupsafe import Markup
+
     raw_names: dict[str, list[str]] = {}
     for suite in data["suites"]:
         for e in suite["entries"]:
             raw_names[e["id"]] = [f"raw/{e['id']}/s{p['seed']}.json" for p in e["provenance"]]
-    env = _environment()
-    common = {"clbench_version": __version__, "run_count": len(found)}
-    staging = out.with_name(f".{out.name}.building")
-    shutil.rmtree(staging, ignore_errors=True)
     (staging / "entries").mkdir(parents=True)
     (staging / "compare").mkdir()
     shutil.copytree(_templates() / "assets", staging / "assets")
@@ -153,14 +172,11 @@ def build(paths: Sequence[str | Path], out: str | Path, strict: bool = False
                                                       ylabel=column["name"]))})
         _write(staging / "compare" / f"{suite['id']}.html", env.get_template("compare.html").render(
             root="../", suite=suite, charts=charts, **common))
-    public = {"clbench_version": __version__, "problems": problems,
+    public = {"clbench_version": common["clbench_version"], "problems": problems,
               "suites": [{**s, "entries": [{k: v for k, v in e.items() if k != "sources"}
                                            for e in s["entries"]]} for s in data["suites"]]}
     _write(staging / DATA_FILE, json.dumps(public, indent=1, sort_keys=True, default=str) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    staging.replace(out)
-    return public, problems
+    return public
 
 
 def _write(path: Path, text: str) -> None:

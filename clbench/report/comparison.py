@@ -68,14 +68,16 @@ def recorded_settings(result: RunResult) -> Any:
     return {**config, **{f"{a.name}.{k}": v for a in result.addons for k, v in a.config.items()}}
 
 
-def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
+def comparison_groups(found: Sequence[tuple[Path, RunResult]],
+                      problems: list[str] | None = None) -> Groups:
     """The complete runs, by suite and method setting: `{suite key: {label: runs}}`.
 
     An entry is a method with its add-ons (`sdpo+ewc`); runs of one under different settings
     (e.g. another `lr`, another replay fraction) are apart, each labelled with the settings
     that tell it apart; settings are read as the installed method reads them, so a run from
     before a field was added groups by what it did. A run found twice (the same results in two
-    places) counts once; two different runs of one seed are refused."""
+    places) counts once; two different runs of one seed are refused (with `problems` given, the
+    second is left out and said there instead)."""
     entries = []
     configs: dict[tuple[str, str], dict[str, Any]] = {}
     for where, r in found:
@@ -94,8 +96,11 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]]) -> Groups:
             first, earlier = seen[(suite, label, r.seed)]
             if earlier.model_dump() == r.model_dump():
                 continue  # one run, found in two places
-            raise UserError(f"two different runs of {label} seed {r.seed}: {first} and "
-                            f"{where}; name one of them")
+            message = f"two different runs of {label} seed {r.seed}: {first} and {where}"
+            if problems is None:
+                raise UserError(f"{message}; name one of them")
+            problems.append(f"{where}: left out, {message}")
+            continue
         seen[(suite, label, r.seed)] = (where, r)
         groups.setdefault(suite, {}).setdefault(label, []).append(r)
     return groups

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from fakes import result_of, run_spec
 
 from clbench.cli import cli
+from clbench.errors import UserError
 from clbench.leaderboard.site import build
 from clbench.results import Cell, write_results
 from clbench.run.scores import metric_values
@@ -225,3 +226,47 @@ def test_a_collapsed_seed_is_ranked_with_its_rows_and_flagged(tmp_path: Path) ->
     assert entry["matrix"]["mean"][1][0] == pytest.approx(0.33)  # both seeds: 0.66 and 0
     assert entry["matrix"]["mean"][2][0] == pytest.approx(0.6)  # the seed that got there
     assert 'class="flag bad">collapse' in (tmp_path / "site" / "index.html").read_text()
+
+
+def test_bad_files_and_duplicate_seeds_are_left_out_with_a_reason_not_the_board(
+        tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    _write(results, "sft-s0", _result(tmp_path, "sft", 0, 0.5))
+    _write(results, "sft-s0-again", _result(tmp_path, "sft", 0, 0.9))  # another run, seed 0
+    broken = _result(tmp_path, "grpo", 0, 0.4)
+    path = _write(results, "grpo-s0", broken)
+    data = json.loads(path.read_text())
+    data["stages"] = [{"index": 1, "name": "math",  # a free-form field of the wrong shape
+                       "diagnostics": {"artifacts": [1, 2]}}]
+    path.write_text(json.dumps(data))
+    data, problems = build([results], tmp_path / "site")
+    assert [e["label"] for s in data["suites"] for e in s["entries"]] == ["sft"]
+    said = " ".join(problems)
+    assert "stages[0].diagnostics: artifacts should be a mapping, got list" in said
+    assert "left out, two different runs of sft seed 0" in said
+    with pytest.raises(UserError, match=r"2 results file\(s\) cannot be used \(--strict\)"):
+        build([results], tmp_path / "site2", strict=True)
+
+
+def test_the_out_folder_is_checked_and_an_old_site_survives_a_failed_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import clbench.leaderboard.site as site
+
+    results = tmp_path / "results"
+    _write(results, "sft-s0", _result(tmp_path, "sft", 0, 0.5))
+    monkeypatch.chdir(tmp_path)
+    for out, said in ((".", "the working folder"), ("results/site", "it holds, or is inside, "
+                                                    "results read")):
+        with pytest.raises(UserError, match=f"--out {out}: {said}"):
+            build([results], out)
+    build([results], tmp_path / "site")
+    before = (tmp_path / "site" / "index.html").read_text()
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("a crash halfway through writing the site")
+
+    monkeypatch.setattr(site, "_write_site", fail)
+    with pytest.raises(RuntimeError):
+        build([results], tmp_path / "site" / "x" / "..")  # the same folder, spelt otherwise
+    assert (tmp_path / "site" / "index.html").read_text() == before  # whole, as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results", "site"]  # nothing left
