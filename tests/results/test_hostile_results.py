@@ -5,12 +5,16 @@ bad file never hides the others."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 from fakes import result_of, run_spec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from clbench.cli import cli
 from clbench.results import Cell, read_results, write_results
@@ -191,3 +195,57 @@ def test_a_fifo_or_an_oversized_file_is_refused_without_reading_it(
     monkeypatch.setattr(results, "MAX_RESULTS_BYTES", 1000)
     with pytest.raises(ResultsError, match="larger than 0 MiB, too large"):
         read_results(path)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-10**20, max_value=10**20)
+    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=12)
+
+
+def _mutated(data: Any, draw: Any) -> str:
+    """A valid results document with one node, anywhere, replaced by any JSON value."""
+    document = copy.deepcopy(data)
+    node, path = document, []
+    while isinstance(node, (dict, list)) and node:
+        key = draw(st.sampled_from(list(node) if isinstance(node, dict) else range(len(node))))
+        path.append(key)
+        if draw(st.booleans()):
+            break
+        node = node[key]
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    if path:
+        target[path[-1]] = draw(JSON_VALUES)
+    return json.dumps(document)
+
+
+@pytest.fixture(scope="module")
+def valid_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("valid")
+    return json.loads(_file(folder, "valid", _result(folder)).read_text())
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_results_file_with_any_value_replaced_is_read_or_refused_never_a_traceback(
+        data: Any, valid_results: dict[str, Any], tmp_path: Path) -> None:
+    """What a pull request may bring: the reader, `report` and the board end cleanly (exit 0
+    or 2, one message) in bounded time, whatever one node of a results file holds."""
+    import time
+
+    folder = tmp_path / "in"
+    folder.mkdir(exist_ok=True)
+    (folder / "results.json").write_text(_mutated(valid_results, data.draw))
+    for args in (["report", str(folder)], ["report", str(folder), "--json"],
+                 ["leaderboard", "build", str(folder), "--out", str(tmp_path / "site")]):
+        started = time.perf_counter()
+        result = CliRunner().invoke(cli, args)
+        assert time.perf_counter() - started < 10.0
+        assert result.exit_code in (0, 2), (args, result.output, result.exception)
+        assert result.exception is None or isinstance(result.exception, SystemExit), \
+            (args, repr(result.exception))
