@@ -22,7 +22,6 @@ import json
 import math
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ from clbench.atomic import atomic_write_json
 from clbench.errors import UserError
 from clbench.spec.reading import describe_validation_error
 from clbench.spec.schema import NAME_PATTERN, RunSpec, SuiteSpec, entry_name
+from clbench.text import printable
 
 if TYPE_CHECKING:
     import torch
@@ -427,7 +427,7 @@ def read_results(path: str | os.PathLike[str]) -> RunResult:
         raise ResultsError(f"{path}: results schema version {found[0]}.{found[1]} is from "
                            f"{newer} clbench; this clbench reads {ours[0]}.x. Install a clbench "
                            f"that reads schema {found[0]}.x to use this file.")
-    data = _printable(data)
+    data = printable(data)
     try:
         return RunResult.model_validate(migrations.results(data),
                                         context={"lenient": found[1] > ours[1]})
@@ -448,22 +448,6 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise ValueError(f"the key {key!r} is given twice in one object")
         out[key] = value
     return out
-
-
-#: Control characters dropped from the text of a file read (tab and newline are kept).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def _printable(data: Any) -> Any:
-    """`data` with the control characters of every string (keys too) removed: an escape
-    sequence in a name would otherwise retitle or redraw the terminal that prints it."""
-    if isinstance(data, str):
-        return _CONTROL.sub("", data)
-    if isinstance(data, dict):
-        return {_printable(k): _printable(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_printable(v) for v in data]
-    return data
 
 
 def collect_versions() -> dict[str, str]:

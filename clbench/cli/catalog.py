@@ -16,6 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from clbench.text import printable
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
@@ -91,18 +93,30 @@ def _type_name(annotation: Any) -> str:
     return text.replace("typing.", "").replace("NoneType", "None")
 
 
+def _shown(example: Example) -> Example:
+    """An item as shown: its text without control characters (a hub dataset's items are files
+    from others)."""
+    import dataclasses
+
+    return dataclasses.replace(example, id=printable(example.id),
+                               messages=printable(example.messages),
+                               reference=printable(example.reference),
+                               answer=printable(example.answer))
+
+
 def print_examples(console: Console, task: TaskSource, examples: Sequence[Example]) -> None:
     """Each item: its messages, the reference and answer, and how the reference grades."""
     for example in examples:
-        console.rule(f"[bold]{escape(example.id)}[/]")
-        for message in example.messages:
+        grade = task.grade(example, example.reference)
+        shown = _shown(example)
+        console.rule(f"[bold]{escape(shown.id)}[/]")
+        for message in shown.messages:
             console.print(f"[cyan]{escape(message['role'])}:[/] {escape(message['content'])}",
                           soft_wrap=True)
-        console.print(f"[magenta]reference:[/] {escape(example.reference)}", soft_wrap=True)
-        console.print(f"[magenta]answer:[/] {escape(json.dumps(example.answer, default=str))}",
+        console.print(f"[magenta]reference:[/] {escape(shown.reference)}", soft_wrap=True)
+        console.print(f"[magenta]answer:[/] {escape(json.dumps(shown.answer, default=str))}",
                       soft_wrap=True)
-        grade = task.grade(example, example.reference)
         colour = "green" if grade.correct else "red"
-        feedback = f" feedback: {escape(grade.feedback)}" if grade.feedback else ""
+        feedback = f" feedback: {escape(printable(grade.feedback))}" if grade.feedback else ""
         console.print(f"[{colour}]grade of the reference: reward {grade.reward:.3f}, "
                       f"correct {grade.correct}[/]{feedback}", soft_wrap=True)

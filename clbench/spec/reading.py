@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from clbench.errors import UserError
+from clbench.text import printable
 
 
 class SpecError(UserError, ValueError):
@@ -223,7 +224,7 @@ def read_yaml_document(path: str | Path) -> YamlDocument:
                         f"{MAX_SPEC_DEPTH} levels)") from None
     finally:
         loader.dispose()
-    return YamlDocument(data, root)
+    return YamlDocument(printable(data), root)
 
 
 def _check_expansion(root: Any, path: Path) -> None:

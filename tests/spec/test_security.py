@@ -191,3 +191,24 @@ def test_python_m_clbench_cli_imports_nothing_from_the_working_folder(tmp_path: 
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "starter" in done.stdout and not marker.exists()
+
+
+def test_terminal_escapes_in_a_suite_reach_no_terminal(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suite someone else wrote: YAML's `\\e` escapes in its description reach `list
+    suites` as text, and its errors name it without them."""
+    import re
+
+    smoke = resolve_suite("smoke").read_text()
+    text = re.sub(r"description: >-\n(  .*\n)+",
+                  lambda _: 'description: "\\e]0;owned\\a\\e[2J mine"\n', smoke, count=1)
+    assert "\\e]0;owned" in text
+    (tmp_path / "escapes.yaml").write_text(text)
+    (tmp_path / "broken.yaml").write_text(text.replace("steps: 2", 'steps: "\\e[2J"', 1))
+    monkeypatch.setenv("CLBENCH_SUITE_PATH", str(tmp_path))
+    listed = CliRunner().invoke(cli, ["list", "suites"])
+    assert listed.exit_code == 0 and "]0;owned" in listed.output and " mine" in listed.output
+    refused = CliRunner().invoke(cli, ["validate", str(tmp_path / "broken.yaml")])
+    assert refused.exit_code == 2 and "stages[0].budget.steps" in refused.output
+    for said in (listed.output, refused.output):
+        assert "\x1b" not in said and "\x07" not in said
