@@ -85,11 +85,12 @@ def os_errors_of(path: str | os.PathLike[str]) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        code = re.search(r"os error (\d+)", str(exc)) \
+        # Newer safetensors say "(os error 28)"; 0.4 says "IoError(Os { code: 28, ... })".
+        code = re.search(r"os error (\d+)|Os \{ code: (\d+)", str(exc)) \
             if type(exc).__name__ == "SafetensorError" else None
         if code is None:
             raise
-        number = int(code.group(1))
+        number = int(code.group(1) or code.group(2))
         raise OSError(number, os.strerror(number), str(path)) from None
 
 
