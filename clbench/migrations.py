@@ -90,6 +90,62 @@ def results(data: dict[str, Any]) -> dict[str, Any]:
     `clbench.report.comparison`.)"""
     data = {k: v for k, v in data.items() if k != "drift"}
     data["suite"] = suite(data.get("suite"))
+    if _minor(data.get("schema_version")) < 5:
+        data = recorded_defaults(data)
+    return data
+
+
+def _minor(version: Any) -> int:
+    """The minor part of a `MAJOR.MINOR` schema version (0 when unreadable)."""
+    parts = version.split(".") if isinstance(version, str) else []
+    return int(parts[1]) if len(parts) == 2 and parts[1].isdigit() else 0
+
+
+_OPTIMIZER = {"weight_decay": 0.01, "max_grad_norm": 1.0, "warmup_steps": 0,
+              "lr_schedule": "constant", "adam_betas": [0.9, 0.999], "adam_eps": 1e-08,
+              "gradient_checkpointing": True}
+_ON_POLICY = {**_OPTIMIZER, "inner_updates": 1, "micro_batch_size": None, "stop": [],
+              "generation_batch_size": None, "sampler_correction": "sequence_mask",
+              "sampler_clip_max": 3.0, "sampler_clip_min": None}
+_SDPO = {**_ON_POLICY, "lr": 1e-05, "warmup_steps": 10, "divergence": "topk", "topk": 100,
+         "alpha": 0.5, "is_clip": 2.0, "teacher": "frozen", "ema_rate": 0.05,
+         "refresh_fraction": 0.4, "demo_threshold": 0.5, "feedback": "none",
+         "feedback_with_demo": False, "use_reference_solution": False,
+         "strip_demo_reasoning": True, "supervision": "response", "supervise_eos": True,
+         "mask_ratio": 0.0, "max_reprompt_tokens": 10240}
+#: The built-in plugins' configs at their defaults as of results 1.4, the last version that did
+#: not record them: what a report compares an earlier run's settings with (a run records every
+#: setting it had; a field added later is read at its default, or at :data:`VALUES_BEFORE`).
+DEFAULTS_BEFORE_1_5: dict[str, dict[str, Any]] = {
+    "sft": {**_OPTIMIZER, "lr": 1e-05, "micro_batch_size": None, "append_eos": True},
+    "grpo": {**_ON_POLICY, "lr": 1e-06, "scale_rewards": False, "eps_low": 0.2,
+             "eps_high": 0.28, "dual_clip": None, "beta": 0.0},
+    "sdpo": _SDPO,
+    "sdpo-cot": {**_SDPO, "strip_demo_reasoning": False, "supervision": "all"},
+    "stable-sdpo": {**_SDPO, "teacher": "refresh"},
+}
+ADDON_DEFAULTS_BEFORE_1_5: dict[str, dict[str, Any]] = {
+    "replay": {"fraction": 0.25, "buffer_per_stage": 32},
+    "ewc": {"strength": 100.0, "fisher_items": 16, "decay": 1.0},
+    "lwf": {"weight": 1.0, "temperature": 2.0, "topk": None},
+    "merge": {"alpha": 0.5},
+}
+
+
+def recorded_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """A results document of a version before 1.5 with its built-in method's and add-ons'
+    defaults (:data:`DEFAULTS_BEFORE_1_5`), which later results record themselves."""
+    method = data.get("method")
+    if isinstance(method, dict) and method.get("defaults") is None \
+            and method.get("name") in DEFAULTS_BEFORE_1_5:
+        data = {**data, "method": {**method,
+                                   "defaults": dict(DEFAULTS_BEFORE_1_5[method["name"]])}}
+    addons = data.get("addons")
+    if isinstance(addons, list):
+        data = {**data, "addons": [
+            {**a, "defaults": dict(ADDON_DEFAULTS_BEFORE_1_5[a["name"]])}
+            if isinstance(a, dict) and a.get("defaults") is None
+            and a.get("name") in ADDON_DEFAULTS_BEFORE_1_5 else a for a in addons]}
     return data
 
 

@@ -51,8 +51,9 @@ from clbench.text import printable
 if TYPE_CHECKING:
     import torch
 
-RESULTS_SCHEMA_VERSION = "1.4"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined);
-# 1.3: `method.git_revision`; 1.4: `addons`, no `drift` (always empty)
+RESULTS_SCHEMA_VERSION = "1.5"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined);
+# 1.3: `method.git_revision`; 1.4: `addons`, no `drift` (always empty); 1.5: `defaults` of the
+# method and of each add-on
 RESULTS_FILENAME = "results.json"
 
 RunStatus = Literal["complete", "partial", "failed", "collapsed"]
@@ -190,6 +191,9 @@ class MethodInfo(Record):
     git_revision: str | None = Field(default=None, description="The commit of the git checkout "
                                      "holding the method's code (`+dirty` with local changes), "
                                      "if it is in one.")
+    defaults: dict[str, Any] | None = Field(default=None, description="The method's config at "
+                                            "its defaults, as its code had them: what tells the "
+                                            "run's settings apart, read without the plugin.")
 
 
 class AddOnInfo(Record):
@@ -201,6 +205,8 @@ class AddOnInfo(Record):
     distribution: str | None = None
     version: str | None = None
     git_revision: str | None = None
+    defaults: dict[str, Any] | None = Field(default=None, description="The add-on's config at "
+                                            "its defaults, as its code had them.")
 
 
 class ModelInfo(Record):
@@ -311,10 +317,13 @@ class CodeOrigin(Protocol):
 
 def new_result(run: RunSpec, origin: CodeOrigin | None = None,
                source_versions: dict[str, str] | None = None,
-               addon_origins: Sequence[CodeOrigin | None] = ()) -> RunResult:
+               addon_origins: Sequence[CodeOrigin | None] = (),
+               defaults: Sequence[dict[str, Any] | None] = ()) -> RunResult:
     """An empty `partial` result for `run`: provenance filled in (the method's from `origin`,
-    each add-on's from `addon_origins`), no rows yet."""
+    each add-on's from `addon_origins`; the configs at their defaults, the method's then each
+    add-on's, from `defaults`), no rows yet."""
     origins = list(addon_origins) or [None] * len(run.addons)
+    defaults = list(defaults) or [None] * (1 + len(run.addons))
     return RunResult(
         status="partial",
         suite=run.suite.model_dump(mode="json"),
@@ -322,12 +331,13 @@ def new_result(run: RunSpec, origin: CodeOrigin | None = None,
         method=MethodInfo(name=run.method.name, config=dict(run.method.params),
                           distribution=origin.distribution if origin else None,
                           version=origin.version if origin else None,
-                          git_revision=origin.source_revision if origin else None),
+                          git_revision=origin.source_revision if origin else None,
+                          defaults=defaults[0]),
         addons=[AddOnInfo(name=a.name, config=dict(a.params),
                           distribution=o.distribution if o else None,
                           version=o.version if o else None,
-                          git_revision=o.source_revision if o else None)
-                for a, o in zip(run.addons, origins, strict=True)],
+                          git_revision=o.source_revision if o else None, defaults=d)
+                for a, o, d in zip(run.addons, origins, defaults[1:], strict=True)],
         model=ModelInfo(spec=run.model.model_dump(mode="json")),
         seed=run.seed,
         joint=run.joint,

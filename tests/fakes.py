@@ -245,12 +245,17 @@ def run_spec(suite: Any, method: str, *, overrides: Any = (), **options: Any) ->
 
 def result_of(run: Any, method_config: dict[str, Any] | None = None) -> Any:
     """An empty result of `run`, as if its method's config in force were `method_config`."""
+    from clbench.plugins.registry import PluginError, run_defaults
     from clbench.results import new_result
 
     if method_config is not None:
         run = run.model_copy(update={"method": run.method.model_copy(
             update={"params": method_config})})
-    return new_result(run)
+    try:
+        defaults = run_defaults(run)  # as a run records them
+    except PluginError:  # a fake method no longer registered: none recorded
+        defaults = []
+    return new_result(run, defaults=defaults)
 
 
 def smoke_run(tmp_path: Path, *overrides: str) -> Any:

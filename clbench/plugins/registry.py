@@ -35,7 +35,7 @@ from clbench.errors import UserError
 from clbench.spec.reading import SpecError, describe_validation_error
 
 if TYPE_CHECKING:
-    from clbench.spec.schema import AddOnSpec, MethodSpec, TaskSpec
+    from clbench.spec.schema import AddOnSpec, MethodSpec, RunSpec, TaskSpec
     from clbench.tasks.base import TaskParams, TaskSource
     from clbench.train.addons import AddOn, AddOnConfig
     from clbench.train.api import Method, MethodConfig
@@ -452,6 +452,23 @@ def build_method(spec: MethodSpec, where: str = "method.params") -> Method:
     """Instantiate the method of `spec` with its validated config."""
     config = validate_method_params(spec.name, spec.params, where)
     return load_method_class(spec.name)(config)
+
+
+def _config_defaults(group: str, name: str) -> dict[str, Any] | None:
+    """The config of plugin `name` (a method or an add-on) at its defaults, as JSON; None when a
+    field has no default."""
+    config = _load_class(group, name).Config  # type: ignore[attr-defined]
+    try:
+        return config().model_dump(mode="json")
+    except ValidationError:
+        return None
+
+
+def run_defaults(run: RunSpec) -> list[dict[str, Any] | None]:
+    """The configs at their defaults of the run's method, then of each of its add-ons: what its
+    results record so that a report tells its settings apart without importing a plugin."""
+    return [_config_defaults(METHODS_GROUP, run.method.name)] + \
+        [_config_defaults(ADDONS_GROUP, a.name) for a in run.addons]
 
 
 def validate_addon_params(name: str, params: dict[str, Any] | None,

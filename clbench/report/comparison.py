@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from clbench import migrations
 from clbench.errors import UserError
 from clbench.report.tables import print_uncut
 from clbench.results import RunResult, peak_memory_kind
@@ -56,16 +57,25 @@ def _versions_key(result: RunResult) -> str:
     return "+" + hashlib.sha256(json.dumps(versions).encode()).hexdigest()[:6]
 
 
-def recorded_settings(result: RunResult) -> Any:
-    """A run's settings as one mapping: its method config as the installed method reads it,
-    then each add-on's config under `NAME.FIELD` (as written when the method's config is not
-    a mapping)."""
-    from clbench.run.rundir import method_config_as_read
-
-    config = method_config_as_read(result.method.name, result.method.config)
+def method_settings(result: RunResult) -> Any:
+    """The run's method config as recorded, in the current form: through
+    :func:`clbench.migrations.method_config`, a field added since the run at the recorded
+    defaults (as written when it is not a mapping). Read from the file alone: no plugin is
+    imported to read a result."""
+    config = migrations.method_config(result.method.name, result.method.config)
     if not isinstance(config, dict):
         return config
-    return {**config, **{f"{a.name}.{k}": v for a in result.addons for k, v in a.config.items()}}
+    return {**(result.method.defaults or {}), **config}
+
+
+def recorded_settings(result: RunResult) -> Any:
+    """A run's settings as one mapping: its method's (:func:`method_settings`), then each
+    add-on's config under `NAME.FIELD`."""
+    config = method_settings(result)
+    if not isinstance(config, dict):
+        return config
+    return {**config, **{f"{a.name}.{k}": v for a in result.addons
+                         for k, v in {**(a.defaults or {}), **a.config}.items()}}
 
 
 def comparison_groups(found: Sequence[tuple[Path, RunResult]],
@@ -74,10 +84,10 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]],
 
     An entry is a method with its add-ons (`sdpo+ewc`); runs of one under different settings
     (e.g. another `lr`, another replay fraction) are apart, each labelled with the settings
-    that tell it apart; settings are read as the installed method reads them, so a run from
-    before a field was added groups by what it did. A run found twice (the same results in two
-    places) counts once; two different runs of one seed are refused (with `problems` given, the
-    second is left out and said there instead)."""
+    that tell it apart; settings are read from the file alone (:func:`recorded_settings`), so
+    a run from before a field was added groups by what it did. A run found twice (the same
+    results in two places) counts once; two different runs of one seed are refused (with
+    `problems` given, the second is left out and said there instead)."""
     entries = []
     configs: dict[tuple[str, str], dict[str, Any]] = {}
     for where, r in found:
@@ -186,41 +196,22 @@ def _hardware(result: RunResult) -> str:
 
 
 def settings_in_force(result: RunResult) -> dict[str, Any] | None:
-    """The run's method settings that differ from the installed method's defaults (from the
-    suite's `methods:` block or `--set method.X`), read as the installed method reads them; None
-    when the method is not installed or no longer reads them (the recorded config then stands
-    as written in results.json). Add-ons' settings: :func:`addon_settings_in_force`."""
-    from pydantic import ValidationError
-
-    from clbench.plugins import registry
-    from clbench.run.rundir import method_config_as_read
-
-    try:
-        defaults = registry.load_method_class(result.method.name).Config().model_dump(mode="json")
-    except (UserError, ValidationError):  # not installed, or a config without full defaults
+    """The run's method settings that differ from its method's defaults as the run recorded
+    them (from the suite's `methods:` block or `--set method.X`); None when no defaults are
+    recorded (the config then stands as written in results.json). Add-ons' settings:
+    :func:`addon_settings_in_force`."""
+    defaults, config = result.method.defaults, method_settings(result)
+    if defaults is None or not isinstance(config, dict):
         return None
-    config = method_config_as_read(result.method.name, result.method.config)
-    if not isinstance(config, dict) or set(config) != set(defaults):
-        return None
-    return {k: v for k, v in config.items() if v != defaults[k]}
+    return {k: v for k, v in config.items() if k not in defaults or v != defaults[k]}
 
 
 def addon_settings_in_force(result: RunResult) -> dict[str, dict[str, Any]]:
-    """Per add-on of the run, its settings that differ from the installed add-on's defaults
-    (all of them as recorded when it is not installed or does not read them)."""
-    from pydantic import ValidationError
-
-    from clbench.plugins import registry
-
-    out = {}
-    for addon in result.addons:
-        try:
-            defaults = registry.load_addon_class(addon.name).Config().model_dump(mode="json")
-        except (UserError, ValidationError):
-            out[addon.name] = dict(addon.config)
-            continue
-        out[addon.name] = {k: v for k, v in addon.config.items() if defaults.get(k) != v}
-    return out
+    """Per add-on of the run, its settings that differ from its recorded defaults (all of
+    them where none are recorded)."""
+    return {a.name: {k: v for k, v in a.config.items()
+                     if a.defaults is None or k not in a.defaults or v != a.defaults[k]}
+            for a in result.addons}
 
 
 def settings_line(result: RunResult) -> str:
@@ -228,8 +219,8 @@ def settings_line(result: RunResult) -> str:
     (`; replay: fraction=0.5`, `; ewc: its defaults`)."""
     settings = settings_in_force(result)
     if settings is None:
-        line = f"{result.method.name}'s settings as recorded in results.json (not readable " \
-            "by the installed method)"
+        line = f"{result.method.name}'s settings as recorded in results.json (its defaults "\
+            "are not recorded there)"
     elif not settings:
         line = f"{result.method.name}'s defaults"
     else:

@@ -173,7 +173,8 @@ class RunRecipe:
             [p.task.source for p in run.suite.probes if p.task is not None]
         self.result = previous or new_result(
             run, origin, {s: registry.load_task_class(s).version for s in sources},
-            [registry.plugin_origin(registry.ADDONS_GROUP, a.name) for a in run.addons])
+            [registry.plugin_origin(registry.ADDONS_GROUP, a.name) for a in run.addons],
+            registry.run_defaults(run))
         # every setting as this sitting runs it (fields added since the run began included:
         # the folder's check made sure they do what the run did)
         self.result.method.config = dict(run.method.params)

@@ -210,14 +210,14 @@ def test_run_plan(write_suite, fake_plugins, columns: str) -> None:
 
 def test_run_calls_the_recipe_and_prints_its_result(write_suite, fake_plugins, monkeypatch,
                                                       tmp_path: Path) -> None:
-    from clbench.results import new_result
+    from tests.fakes import result_of
 
     calls = []
     fake = types.ModuleType("clbench.run.recipe")
 
     def execute(run, resume, console):
         calls.append((run, resume))
-        return new_result(run)
+        return result_of(run)
 
     fake.execute = execute  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "clbench.run.recipe", fake)

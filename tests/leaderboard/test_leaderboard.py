@@ -101,7 +101,8 @@ def test_an_entry_is_a_method_with_its_addons_and_its_provenance_reproduces_them
         with_replay = _result(tmp_path, "sft", seed, 0.6)
         with_replay.addons = [AddOnInfo(name="replay", config={"fraction": 0.5,
                                                                "buffer_per_stage": 32},
-                                        distribution="clbench", version="0.1.0")]
+                                        distribution="clbench", version="0.1.0",
+                                        defaults={"fraction": 0.25, "buffer_per_stage": 32})]
         _write(results, f"replay-s{seed}", with_replay)
     data, problems = build([results], tmp_path / "site")
     assert problems == []

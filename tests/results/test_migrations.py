@@ -66,3 +66,32 @@ def test_a_step_checkpoint_from_before_addons_continues() -> None:
         "step": 3, "optimizer": {}, "hooks": {"method": {"teacher": 1}, "addons": []}}
     new = {"step": 3, "hooks": {"method": {}, "addons": [{}]}}
     assert migrations.progress_state(new) is new
+
+
+def test_results_from_before_1_5_read_with_the_defaults_the_built_ins_had(tmp_path: Path
+                                                                         ) -> None:
+    """Results before 1.5 did not record the method's and add-ons' defaults: the report reads
+    them from migrations' table, which holds the built-ins' defaults as of results 1.4 (should a
+    default change later, this test pins the old value, the table stays)."""
+    for name, table in migrations.DEFAULTS_BEFORE_1_5.items():
+        assert registry.validate_method_params(name, None).model_dump(mode="json") == table
+    for name, table in migrations.ADDON_DEFAULTS_BEFORE_1_5.items():
+        assert registry.validate_addon_params(name, None).model_dump(mode="json") == table
+
+    from clbench.report.comparison import addon_settings_in_force, settings_line
+
+    run = run_spec("smoke", "sdpo", out_dir=tmp_path / "unused", addons=["replay"])
+    config = {**migrations.DEFAULTS_BEFORE_1_5["sdpo"], "lr": 3e-6}
+    path = write_results(tmp_path / "results.json", result_of(run, config))
+    data = json.loads(path.read_text())
+    assert data["method"]["defaults"] == migrations.DEFAULTS_BEFORE_1_5["sdpo"]
+    data["schema_version"] = "1.4"
+    del data["method"]["defaults"], data["addons"][0]["defaults"]
+    data["addons"][0]["config"]["fraction"] = 0.5
+    path.write_text(json.dumps(data))
+    assert settings_line(read_results(path)) == "lr=3e-06; replay: fraction=0.5"
+    assert addon_settings_in_force(read_results(path)) == {"replay": {"fraction": 0.5}}
+    data["method"]["name"] = "someone-elses"  # a third party's: its defaults are unknown here
+    path.write_text(json.dumps(data))
+    assert settings_line(read_results(path)).startswith(
+        "someone-elses's settings as recorded in results.json (its defaults are not recorded")

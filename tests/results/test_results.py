@@ -52,7 +52,7 @@ def filled(run_spec: RunSpec) -> RunResult:
 
 def test_new_result_records_provenance(run_spec: RunSpec) -> None:
     result = new_result(run_spec)
-    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.4"
+    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.5"
     assert result.status == "partial"
     assert result.suite_hash == run_spec.suite.content_hash()
     assert result.suite_spec() == run_spec.suite
@@ -77,7 +77,7 @@ def test_round_trip(tmp_path: Path, run_spec: RunSpec) -> None:
     assert back.created == result.created and back.updated >= back.created
     assert back.model_dump() == result.model_dump() | {"stages": back.model_dump()["stages"]}
     raw = json.loads(path.read_text())
-    assert raw["schema_version"] == "1.4" and raw["matrix"][0][2] is None
+    assert raw["schema_version"] == "1.5" and raw["matrix"][0][2] is None
 
 
 def test_shape_is_checked(run_spec: RunSpec) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -212,3 +213,39 @@ def test_terminal_escapes_in_a_suite_reach_no_terminal(tmp_path: Path,
     assert refused.exit_code == 2 and "stages[0].budget.steps" in refused.output
     for said in (listed.output, refused.output):
         assert "\x1b" not in said and "\x07" not in said
+
+
+def test_report_and_leaderboard_build_import_no_plugin(tmp_path: Path) -> None:
+    """They read recorded data alone: run in a fresh interpreter on results of a built-in
+    method with an add-on, neither command discovers an entry point or imports a plugin."""
+    import subprocess
+    import sys
+
+    from clbench.results import Cell
+    from clbench.run.scores import metric_values
+
+    run = run_spec("smoke", "sdpo", out_dir=tmp_path / "unused", addons=["replay"],
+                   overrides=["method.lr=3e-6"])
+    result = result_of(run)
+    result.matrix = [[Cell(score=score, n=8) for _ in result.columns]
+                     for score in (0.1, 0.5, 0.4)]
+    result.row_labels = ["base", "after math", "after science"]
+    result.metrics, result.status = metric_values(result, run.suite.protocol), "complete"
+    write_results(tmp_path / "results" / "a" / "results.json", result)
+    probe = ("import sys\nfrom clbench.cli import cli\nfrom clbench.plugins import registry\n"
+             "code = cli.main(sys.argv[1:], standalone_mode=False)\n"
+             "found = sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('clbench_methods', 'clbench_addons') or m.startswith('clbench.tasks.'))\n"
+             "print('PLUGINS', found, sorted(registry._entries), sorted(registry._loaded))\n"
+             "sys.exit(code)\n")
+    said = {}
+    for args in (["report", "results"], ["report", "results", "--json"],
+                 ["leaderboard", "build", "results", "--out", "site"]):
+        done = subprocess.run([sys.executable, "-c", probe, *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "COLUMNS": "200"})
+        assert done.returncode == 0, done.stderr
+        assert "PLUGINS [] [] []" in done.stdout, (args, done.stdout[-2000:])
+        said[" ".join(args)] = done.stdout
+    # its settings (`--set`, the suite's `methods:` block) told apart from its recorded defaults
+    assert 'settings: lr=3e-06, feedback="rich"; replay: its defaults' in said["report results"]
