@@ -12,7 +12,8 @@ clbench may move. `docs/plugins.md` walks through a complete plugin of each kind
 - **Add-ons** (`clbench.addons`): an :class:`AddOn` with an :class:`AddOnConfig`; it acts on
   any method's loop through the same hook protocol, :class:`TrainingHooks`.
 - **Tasks** (`clbench.tasks`): a :class:`TaskSource` that yields :class:`Example` items and
-  grades completions into a :class:`Grade`, with the grading helpers below.
+  grades completions into a :class:`Grade`, with the grading helpers below; or a task file
+  (YAML, no code) shipped in the package, registered as :func:`task_from_file`'s class.
 - **The built-in methods and their configs**, to subclass: :class:`SFT`, :class:`GRPO`,
   :class:`SDPO` and the rest (imported on first use, since they build on this module).
 """
@@ -45,6 +46,7 @@ from clbench.tasks.base import (
     split_of,
     split_response_start,
 )
+from clbench.tasks.declared import task_from_file
 from clbench.tasks.grading import (
     extract_answer_line,
     extract_boxed,
@@ -130,7 +132,7 @@ __all__ = [
     "generalized_jsd", "group_advantages", "kl_to_reference", "math_equivalent",
     "module_state", "normalize_answer", "one_shot", "opens_reasoning", "pack_batch",
     "parameter_snapshot", "parse_number", "reasoned", "response_prefix", "sdpo_loss",
-    "seeded_rng", "split_of", "split_response_start", "step_examples", "token_mean",
-    "topk_logprob_divergence",
+    "seeded_rng", "split_of", "split_response_start", "step_examples", "task_from_file",
+    "token_mean", "topk_logprob_divergence",
     *_BUILT_INS,
 ]

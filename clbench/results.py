@@ -295,13 +295,13 @@ def columns_for_suite(suite: SuiteSpec, source_versions: dict[str, str] | None =
     """The columns of R for `suite`: its stages in order, then its probes; `source_versions`
     gives each task source's `version`."""
     versions = source_versions or {}
-    cols = [Column(name=s.name, kind="stream", stage=i + 1, source=s.task.source,
-                   source_version=versions.get(s.task.source))
+    cols = [Column(name=s.name, kind="stream", stage=i + 1, source=s.task.name,
+                   source_version=versions.get(s.task.name))
             for i, s in enumerate(suite.stages)]
     for p in suite.probes:
         # a probe is validated to have either a task or an lm-eval task
         lm_eval_task = p.lm_eval.task if p.lm_eval else None
-        source = p.task.source if p.task else f"lm_eval:{lm_eval_task}"
+        source = p.task.name if p.task else f"lm_eval:{lm_eval_task}"
         cols.append(Column(name=p.name, kind=p.kind, source=source,
                            source_version=versions.get(source)))
     return cols

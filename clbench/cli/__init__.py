@@ -1,10 +1,11 @@
 """The `clbench` command line: parse options, call the library, print with rich.
 
 `app` holds the root group, error handling and shared options; each other module registers a
-family of commands on it: `listing` (list, validate, schema, tasks show, methods show),
-`running` (run, sweep, report), `exporting` (export-lm-eval, export-model), `leaderboard`
-(leaderboard build, leaderboard serve). A new command is a
-decorated function in one of them. `python -m clbench.cli` is the same command as `clbench`.
+family of commands on it: `listing` (list, validate, schema, methods show, addons show),
+`tasks` (tasks show, tasks grade), `running` (run, sweep, report), `exporting`
+(export-lm-eval, export-model), `leaderboard` (leaderboard build, leaderboard serve). A new
+command is a decorated function in one of them. `python -m clbench.cli` is the same command
+as `clbench`.
 """
 
 from clbench.cli import (  # noqa: F401 - register their commands
@@ -12,6 +13,7 @@ from clbench.cli import (  # noqa: F401 - register their commands
     leaderboard,
     listing,
     running,
+    tasks,
 )
 from clbench.cli.app import cli, main
 

@@ -13,7 +13,6 @@ from clbench.cli.app import (
     ClbenchGroup,
     allow_task_code_option,
     cli,
-    parse_sets,
     stderr_console,
     stdout_console,
 )
@@ -115,51 +114,6 @@ def schema_command(output: Path | None) -> None:
 
     atomic_write_text(output, text)
     stdout_console().print(f"wrote {escape(str(output))}")
-
-
-# ---------------------------------------------------------------------------------------------
-# clbench tasks show
-# ---------------------------------------------------------------------------------------------
-
-@cli.group("tasks", cls=ClbenchGroup)
-def tasks_group() -> None:
-    """Inspect task sources (`clbench list tasks` lists them).
-
-    \b
-    Example:
-      clbench tasks show tool_use.generated --n 2
-    """
-
-
-@tasks_group.command("show")
-@click.argument("name")
-@click.option("--n", "n", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Number of items to show.")
-@click.option("--seed", type=int, default=1234, show_default=True, help="Data seed.")
-@click.option("--split", type=click.Choice(["train", "eval"]), default="eval",
-              show_default=True, help="Which split to draw from (every source has an eval "
-              "split; evaluation-only sources, such as BFCL and AIME, have no train split).")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
-              help="A task parameter, e.g. --set digits=3 (repeatable).")
-def tasks_show_command(name: str, n: int, seed: int, split: str, sets: tuple[str, ...]) -> None:
-    """Show a task source: its parameters (what `params` of a suite's task may set), then
-    items: the prompt, the reference and the reference's grade.
-
-    \b
-    Example:
-      clbench tasks show math.arithmetic --n 3 --seed 0 --split eval
-      clbench tasks show math.arithmetic --set digits=3 --set 'operators=+*'
-    """
-    from clbench.cli import catalog
-    from clbench.plugins.registry import build_task, load_task_class
-    from clbench.spec.schema import TaskSpec
-    from clbench.spec.suites import apply_overrides
-
-    params = apply_overrides({}, parse_sets(sets), example="digits=3")
-    task = build_task(TaskSpec(source=name, params=params), where="params")
-    console = stdout_console()
-    print_uncut(console, catalog.fields_table(f"{name} parameters", load_task_class(name).Params))
-    catalog.print_examples(console, task, task.examples(split, seed, n))  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------------------------

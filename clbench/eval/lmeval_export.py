@@ -98,7 +98,10 @@ def export_lm_eval(suite: Any, out_dir: str | Path,
             "id": ex.id, "prompt": render_transcript(ex.messages), "messages": ex.messages,
             "reference": ex.reference, "target": continuation(ex), "answer": ex.answer,
             "metadata": ex.metadata,
-            "source": spec.source, "params": spec.params}, ensure_ascii=False) + "\n"
+            "source": spec.source, "params": spec.params,
+            # a task file's content grades its items (the file itself may not travel along)
+            **({"definition": spec.definition.model_dump(mode="json")} if spec.definition
+               else {})}, ensure_ascii=False) + "\n"
             for ex in items[column]))
         config = {
             "task": name, "tag": [f"clbench_{suite.name}".replace("-", "_")],
@@ -189,10 +192,12 @@ def grade_exported_doc(doc: dict[str, Any], completion: str) -> dict[str, float]
     from clbench.spec.schema import TaskSpec
     from clbench.tasks.base import Example
 
-    key = json.dumps([doc["source"], doc.get("params") or {}], sort_keys=True)
+    key = json.dumps([doc["source"], doc.get("params") or {}, doc.get("definition")],
+                     sort_keys=True)
     if key not in _GRADERS:
-        _GRADERS[key] = registry.build_task(TaskSpec(source=doc["source"],
-                                                     params=doc.get("params") or {}))
+        _GRADERS[key] = registry.build_task(TaskSpec(
+            source=doc["source"], params=doc.get("params") or {},
+            definition=doc.get("definition"), folder="." if doc.get("definition") else None))
     example = Example(id=doc["id"], messages=doc["messages"], reference=doc["reference"],
                       answer=doc["answer"], metadata=doc.get("metadata") or {})
     grade = _GRADERS[key].grade(example, completion)

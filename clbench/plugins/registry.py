@@ -441,11 +441,24 @@ def validate_method_params(name: str, params: dict[str, Any] | None,
                             f"clbench methods show {name}")
 
 
-def validate_task_params(source: str, params: dict[str, Any] | None,
-                         where: str = "task.params") -> TaskParams:
-    """Validate `params` against task source `source`'s `Params`; errors carry `where.field`."""
-    return _validate_params(load_task_class(source).Params, params, where,
-                            f"clbench tasks show {source}")
+def task_class(spec: TaskSpec) -> type[TaskSource]:
+    """The task source class of `spec`: a task file's (its content was read with the suite) or
+    the class registered under its name."""
+    if spec.definition is not None:
+        from clbench.tasks.declared import declared_task_class
+
+        return declared_task_class(spec.definition, spec.folder or ".")
+    if spec.is_file:
+        raise SpecError(f"{spec.source}: a task file is read with the suite that names it "
+                        "(relative to the suite file)")
+    return load_task_class(spec.source)
+
+
+def validate_task_params(spec: TaskSpec, where: str = "task.params") -> TaskParams:
+    """Validate the task's `params` against its source's `Params`; errors carry
+    `where.field`."""
+    return _validate_params(task_class(spec).Params, spec.params, where,
+                            f"clbench tasks show {spec.source}")
 
 
 def build_method(spec: MethodSpec, where: str = "method.params") -> Method:
@@ -487,8 +500,8 @@ def build_addons(specs: Sequence[AddOnSpec]) -> list[AddOn]:
 
 def build_task(spec: TaskSpec, where: str = "stages[0].task.params") -> TaskSource:
     """Instantiate the task source of `spec` with its validated parameters."""
-    params = validate_task_params(spec.source, spec.params, where)
-    cls = load_task_class(spec.source)
+    params = validate_task_params(spec, where)
+    cls = task_class(spec)
     try:
         return cls(params)
     except ValueError as exc:

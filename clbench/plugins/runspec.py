@@ -69,10 +69,29 @@ def _size_problems(task: TaskSpec, trained: bool, eval_size: int, split: str = "
     problems = []
     for field, part, count in wanted:
         try:
-            source.examples(part, task.seed, count)  # type: ignore[arg-type]
+            items = source.examples(part, task.seed, count)  # type: ignore[arg-type]
         except UserError as exc:
             problems.append(f"{field}={count}: {exc}" if "(" not in field else f"{field}: {exc}")
+            continue
+        if task.definition is not None:  # a task file's templates: the reference must grade
+            problems += _reference_problems(source, items[:REFERENCES_CHECKED])
     return problems
+
+
+#: How many items of a task file `validate` grades its references on.
+REFERENCES_CHECKED = 3
+
+
+def _reference_problems(source: Any, items: list[Any]) -> list[str]:
+    """A task file whose reference template does not grade correct under its own grader (the
+    reference is SFT's target): the first such item, with the grader's feedback."""
+    for item in items:
+        grade = source.grade(item, item.reference)
+        if not grade.correct:
+            return [f"source: the reference of item {item.id} grades wrong under grader "
+                    f"{source.definition.grader} ({grade.feedback or 'no feedback'}): check the "
+                    "task file's reference and answer templates"]
+    return []
 
 
 def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | None = None,
@@ -89,7 +108,7 @@ def validate_suite_plugins(suite: SuiteSpec, source: str | os.PathLike[str] | No
     tasks += [(f"probes[{i}].task", p.task, False) for i, p in enumerate(suite.probes) if p.task]
     for where, task, trained in tasks:
         try:
-            registry.validate_task_params(task.source, task.params, where=f"{where}.params")
+            registry.validate_task_params(task, where=f"{where}.params")
         except registry.PluginError as exc:
             problems.append(f"{prefix}{where}.source: {exc}")
             continue

@@ -136,6 +136,9 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, 
         if plan.task is not None:  # the source and params grade; the items are what is graded
             column["source"] = plan.task.name
             column["version"] = type(plan.task).version
+            digest = type(plan.task).content_digest()
+            if digest is not None:  # a task file: an edit without a version bump is another
+                column["definition"] = digest
             column["params"] = plan.task.params.model_dump(mode="json")
             column["items"] = [dataclasses.asdict(ex) for ex in plan.examples]
         else:

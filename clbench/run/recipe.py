@@ -169,10 +169,10 @@ class RunRecipe:
         origin = registry.plugin_origin(registry.METHODS_GROUP, run.method.name)
         if dist.is_main:
             warn_if_another_checkout(run.method.name, origin)
-        sources = [s.task.source for s in run.suite.stages] + \
-            [p.task.source for p in run.suite.probes if p.task is not None]
+        tasks = [s.task for s in run.suite.stages] + \
+            [p.task for p in run.suite.probes if p.task is not None]
         self.result = previous or new_result(
-            run, origin, {s: registry.load_task_class(s).version for s in sources},
+            run, origin, {t.name: registry.task_class(t).version for t in tasks},
             [registry.plugin_origin(registry.ADDONS_GROUP, a.name) for a in run.addons],
             registry.run_defaults(run))
         # every setting as this sitting runs it (fields added since the run began included:

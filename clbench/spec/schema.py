@@ -14,9 +14,11 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from clbench.seeding import MAX_SEED
+from clbench.spec.base import NAME_PATTERN, Spec
+from clbench.spec.taskfile import TaskFile, is_task_file
 
 DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:\d+)?)$"
 
@@ -28,22 +30,15 @@ MAX_ITEMS = 100_000
 MAX_SAMPLES = 1_024
 MAX_TOKENS = 1_048_576
 MAX_COUNT = 10_000_000
-#: Suite, stage and probe (column) names: they name folders and files of a run, so no path
-#: separator and no leading dot.
-NAME_PATTERN = r"^[a-z0-9][a-z0-9_.\-]*$"
-
-
-class Spec(BaseModel):
-    """Base of every declarative model: unknown keys are errors, values are validated on set."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class TaskSpec(Spec):
     """A task: a registered task source, its parameters, and how many items each split holds."""
 
-    source: str = Field(description="Name of a task source registered in the `clbench.tasks` "
-                        "entry-point group (see `clbench list tasks`), e.g. `math.arithmetic`.")
+    source: str = Field(max_length=1_000, description="Name of a task source registered in "
+                        "the `clbench.tasks` entry-point group (see `clbench list tasks`), e.g. "
+                        "`math.arithmetic`, or a task file (`.yaml`, relative to the suite "
+                        "file), e.g. `tasks/units.yaml` (docs/tasks.md, \"Write a task\").")
     params: dict[str, Any] = Field(default_factory=dict, description="Parameters of the task "
                                    "source, validated against that source's own config model.")
     train_size: int = Field(default=512, ge=0, le=MAX_ITEMS,
@@ -54,6 +49,23 @@ class TaskSpec(Spec):
                                   "defaults to the protocol's `eval_size`.")
     seed: int = Field(default=1234, description="Data seed: which items are drawn. Fixed per "
                       "suite so that every method and run seed sees the same items.")
+    definition: TaskFile | None = Field(default=None, description="The content of the task "
+                                        "file `source` names, with its data file's SHA-256: "
+                                        "filled in when the suite is read (part of its hash), "
+                                        "never written by hand.")
+    folder: str | None = Field(default=None, description="The folder of the task file `source` "
+                               "names (its data paths are relative to it): filled in when the "
+                               "suite is read; not part of the suite's hash.")
+
+    @property
+    def name(self) -> str:
+        """The task's name: the registered source's, or the task file's `name`."""
+        return self.definition.name if self.definition is not None else self.source
+
+    @property
+    def is_file(self) -> bool:
+        """Whether `source` names a task file."""
+        return is_task_file(self.source)
 
 
 class Budget(Spec):
@@ -445,11 +457,21 @@ class SuiteSpec(Spec):
         per-method `methods` settings (a run's method config records those in force) or the
         diagnostics (see :data:`MEASURED_EXCLUDES`)."""
         content = self.model_dump(mode="json", exclude=MEASURED_EXCLUDES)
+        for task in _task_dumps(content):
+            task.pop("folder", None)  # where this machine keeps the file, not what it holds
+            if task.get("definition") is None:  # a registered source: hashed as before
+                task.pop("definition", None)
         for section, name, default in HASHED_WHEN_CHANGED:
             if content.get(section, {}).get(name) == default:
                 del content[section][name]
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _task_dumps(content: dict[str, Any]) -> list[dict[str, Any]]:
+    """The task dicts of a dumped suite, its stages' then its probes'."""
+    return [s["task"] for s in content.get("stages", [])] + \
+        [p["task"] for p in content.get("probes", []) if p.get("task")]
 
 
 class MethodSpec(Spec):

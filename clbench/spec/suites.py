@@ -33,7 +33,8 @@ from clbench.spec.reading import (
     read_yaml_document,
     validate_model,
 )
-from clbench.spec.schema import LmEvalProbe, SuiteSpec
+from clbench.spec.schema import LmEvalProbe, SuiteSpec, TaskSpec
+from clbench.spec.taskfile import read_task_file
 
 SUITE_PATH_ENV = "CLBENCH_SUITE_PATH"
 SUITE_SUFFIXES = (".yaml", ".yml")
@@ -162,8 +163,30 @@ def load_suite(ref: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Su
         raise SpecError(f"{path}: expected a mapping of suite fields at the top level, got "
                         f"{type(document.data).__name__}")
     data = apply_overrides(migrations.suite(document.data), overrides)
-    return validate_model(SuiteSpec, data, override_source(path, overrides),
-                          _OverriddenDocument(document, overrides))
+    source = override_source(path, overrides)
+    suite = validate_model(SuiteSpec, data, source, _OverriddenDocument(document, overrides))
+    read_task_files(suite, path.parent, source)
+    return suite
+
+
+def read_task_files(suite: SuiteSpec, folder: Path, source: str) -> None:
+    """Fill in the content of every task file a task names (`source: tasks/x.yaml`, relative to
+    `folder`, the suite file's): what it holds, with its data's SHA-256, is then part of the
+    suite's hash. Every problem is reported at once, each with its field path."""
+    problems = []
+    tasks = [(f"stages[{i}].task", s.task) for i, s in enumerate(suite.stages)]
+    tasks += [(f"probes[{i}].task", p.task) for i, p in enumerate(suite.probes) if p.task]
+    for where, task in tasks:
+        if task.definition is not None or task.folder is not None:
+            problems.append(f"{where}: definition and folder are filled in from the task file "
+                            "that source names; remove them")
+        elif task.is_file:
+            try:
+                read_task_file_of(task, folder)
+            except SpecError as exc:
+                problems += [f"{where}.source: {line}" for line in str(exc).splitlines()]
+    if problems:
+        raise SpecError("\n".join(f"{source}: {line}" for line in problems))
 
 
 class _OverriddenDocument(YamlDocument):
@@ -179,6 +202,15 @@ class _OverriddenDocument(YamlDocument):
         if any(loc[:len(path)] == path for path in self.overridden):
             return None
         return super().where(loc)
+
+
+def read_task_file_of(task: TaskSpec, folder: Path) -> None:
+    """Fill in `task`'s definition from the task file its source names (a relative path against
+    `folder`) and its folder."""
+    path = Path(task.source).expanduser()
+    path = path if path.is_absolute() else folder / path
+    task.definition = read_task_file(path)
+    task.folder = str(path.resolve().parent)
 
 
 def method_settings(suite: SuiteSpec, method: str, overrides: Sequence[str] = ()

@@ -127,6 +127,13 @@ class TaskSource(ABC):
     def grade(self, example: Example, completion: str) -> Grade:
         """Grade a completion of `example`. Pure, bounded in time on any input."""
 
+    @classmethod
+    def content_digest(cls) -> str | None:
+        """A digest of what the source is made from when that is data rather than code (a task
+        file's content), so that an edit without a version bump still keys caches apart; None
+        for a source written in Python (its `version` says it all)."""
+        return None
+
     def answer_start(self, completion: str) -> int:
         """Character offset where the final answer of a completion starts.
 

@@ -265,14 +265,14 @@ def quote(answer: str) -> str:
 # Equivalence
 # ---------------------------------------------------------------------------------------------
 
-class _VerifyTimeout(BaseException):
+class TimeLimitExceeded(BaseException):
     """Raised inside the guarded block when its budget is spent (a BaseException so that the
     verifier's own `except Exception` handlers cannot swallow it)."""
 
 
 @contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
-    """Raise :class:`_VerifyTimeout` in the guarded block after `seconds` (main thread only).
+    """Raise :class:`TimeLimitExceeded` in the guarded block after `seconds` (main thread only).
 
     Uses an interval timer (sub-second, unlike `signal.alarm`); restores any timer and handler
     that was set before. In other threads signals are unavailable and the block runs unguarded,
@@ -284,7 +284,7 @@ def time_limit(seconds: float) -> Iterator[None]:
         return
 
     def _raise(signum: int, frame: object) -> None:
-        raise _VerifyTimeout()
+        raise TimeLimitExceeded()
 
     old_handler = signal.signal(signal.SIGALRM, _raise)
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -366,7 +366,7 @@ def math_equivalent(pred: str, gold: str) -> bool:
             if not gold_parsed or not pred_parsed:
                 return False
             return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
-    except _VerifyTimeout:
+    except TimeLimitExceeded:
         return False
     except Exception:
         return False

@@ -84,7 +84,21 @@ def _file_format(path: str) -> str:
 
 def load_records(path: str | None, name: str | None, split: str, revision: str | None,
                  data_files: str | list[str] | None = None) -> list[dict[str, Any]]:
-    """Records of one split, from local `data_files` or the hub; cached per process."""
+    """Records of one split, from local `data_files` (all of them one split) or the hub."""
+    if data_files is None:
+        return load_split(path, name, split, revision)
+    files = [data_files] if isinstance(data_files, str) else list(data_files)
+    for f in files:
+        if not Path(f).is_file():
+            raise HubDataError(f"data file {f} does not exist")
+    return load_split(_file_format(files[0]), None, "train", None, files)
+
+
+def load_split(path: str | None, name: str | None, split: str, revision: str | None,
+               data_files: Any = None) -> list[dict[str, Any]]:
+    """Records of `split` (in `datasets`' split syntax, `train[:80%]`) of a hub dataset, or with
+    `data_files` of local files read by the `datasets` builder `path` (`json`, `csv`,
+    `parquet`); cached per process."""
     cache_key = (path, name, split, revision, repr(data_files))
     if cache_key in _CACHE:
         return _CACHE[cache_key]
@@ -92,22 +106,17 @@ def load_records(path: str | None, name: str | None, split: str, revision: str |
 
     try:
         if data_files is not None:
-            files = [data_files] if isinstance(data_files, str) else list(data_files)
-            for f in files:
-                if not Path(f).is_file():
-                    raise HubDataError(f"data file {f} does not exist")
-            ds = datasets.load_dataset(_file_format(files[0]), data_files=files, split="train")
+            ds = datasets.load_dataset(path, data_files=data_files, split=split)
         else:
             ds = datasets.load_dataset(path, name, split=split, revision=revision)
-    except HubDataError:
-        raise
     except Exception as exc:
         where = f"local files {data_files}" if data_files is not None else (
-            f"hub dataset {path}" + (f" ({name})" if name else "") + f", split {split!r}")
+            f"hub dataset {path}" + (f" ({name})" if name else ""))
         raise HubDataError(
-            f"cannot load {where}: {type(exc).__name__}: {str(exc)[:300]}. Hub datasets need "
-            "network access (and may need `huggingface-cli login`); offline, point the task's "
-            "`data_files` parameter at a local copy in the same record format.") from None
+            f"cannot load split {split!r} of {where}: {type(exc).__name__}: {str(exc)[:300]}. "
+            "Hub datasets need network access (and may need `huggingface-cli login`); offline, "
+            "point the task's `data_files` parameter at a local copy in the same record "
+            "format.") from None
     records = [dict(r) for r in ds]
     _CACHE[cache_key] = records
     return records

@@ -1,6 +1,7 @@
-"""Hub adapters on small local files in each dataset's record format (no network).
+"""The shipped hub tasks (task files in clbench/data/tasks) on small local files in each
+dataset's record format (no network).
 
-Every fixture in tests/fixtures/hub uses the real field names of its dataset; the adapters read
+Every fixture in tests/fixtures/hub uses the real field names of its dataset; the task files read
 them through the same `datasets.load_dataset` path as hub data (JSON, JSONL and CSV builders).
 """
 
@@ -11,8 +12,7 @@ from where import FIXTURES
 
 from clbench.errors import UserError
 from clbench.tasks.hub import HubDataError
-from clbench.tasks.math.hub import AIME24, AIME25, GSM8K, MATH500, DAPOMath
-from clbench.tasks.science.hub import GPQA, SciKnowEval, SciQ
+from clbench.tasks.shipped import AIME24, AIME25, GPQA, GSM8K, MATH500, DAPOMath, SciKnowEval, SciQ
 
 FIXTURES = FIXTURES / "hub"
 
@@ -54,7 +54,7 @@ def test_selection_is_deterministic_and_splits_are_disjoint(cls, params) -> None
     src = cls(params)
     evals = src.examples("eval", 3, 100)
     assert evals == cls(params).examples("eval", 3, 100)
-    if src.split_policy == "eval_only":
+    if src.definition.splits.train is None:  # an evaluation-only benchmark
         with pytest.raises(HubDataError, match="evaluation-only"):
             src.examples("train", 0, 4)
         return

@@ -9,8 +9,8 @@ from the same family and excluded from both splits. Distribution-shifted variant
 are other parameters of the same families (more digits, more steps, another family); see
 docs/tasks.md.
 
-The grader (:func:`grade_boxed`, :func:`boxed_answer_start`) is shared with the hub adapters in
-:mod:`clbench.tasks.math.hub`.
+The grader (:func:`grade_boxed`, :func:`boxed_answer_start`) is task files' `boxed_math` grader
+too (:mod:`clbench.tasks.declared`), the shipped hub math tasks' among them.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ Offline (tables in `clbench/data/science/`, read by :mod:`clbench.tasks.science.
   atomic numbers, look-alike symbols, slipped molar masses), answered as `<answer>X</answer>`.
 Families not in a training mix are the distribution-shifted probes (see docs/tasks.md).
 
-The letter grader (:func:`grade_choice`) is shared with the hub MCQ adapters in
-:mod:`clbench.tasks.science.hub`.
+The letter grader (:func:`grade_choice`) is task files' `choice` grader too
+(:mod:`clbench.tasks.declared`), the shipped hub multiple-choice tasks' among them.
 """
 
 from __future__ import annotations
