@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_write_text
 from clbench.metrics.aggregate import wilson_interval
-from clbench.tasks.base import Example, Messages, TaskSource
+from clbench.tasks.base import Example, Messages, TaskSource, grade_all
 
 if TYPE_CHECKING:
     from clbench.progress import AnyProgress
@@ -97,11 +97,11 @@ def evaluate_column(column: str, task: TaskSource, examples: Sequence[Example],
         if len(completions) != len(batch):
             raise RuntimeError(f"generator returned {len(completions)} completions for "
                                f"{len(batch)} prompts")
-        for i, completion in zip(batch, completions):
+        texts = [c.text if isinstance(c, Completion) else str(c) for c in completions]
+        grades = grade_all([(task, examples[i], text) for i, text in zip(batch, texts)])
+        for i, completion, text, grade in zip(batch, completions, texts, grades):
             ex = examples[i]
             done = completion if isinstance(completion, Completion) else None
-            text = done.text if done is not None else str(completion)
-            grade = task.grade(ex, text)
             graded[i] = ItemRecord(ex.id, text, float(grade.reward), bool(grade.correct),
                                    grade.feedback,
                                    tokens=None if done is None else done.tokens,

@@ -73,7 +73,7 @@ def _size_problems(task: TaskSpec, trained: bool, eval_size: int, split: str = "
         except UserError as exc:
             problems.append(f"{field}={count}: {exc}" if "(" not in field else f"{field}: {exc}")
             continue
-        if task.definition is not None:  # a task file's templates: the reference must grade
+        if task.definition is not None and trained:  # SFT's target must grade correct
             problems += _reference_problems(source, items[:REFERENCES_CHECKED])
     return problems
 

@@ -35,6 +35,7 @@ class MixedTasks(TaskSource):
                  max_new_tokens: Sequence[int] | None = None) -> None:
         super().__init__()
         self.parts = list(parts)
+        self.grades_in_parallel = any(p.grades_in_parallel for p in self.parts)  # type: ignore[misc]
         self.caps = None if max_new_tokens is None else list(max_new_tokens)
         if self.caps is not None and len(self.caps) != len(self.parts):
             raise ValueError(f"{len(self.caps)} token caps for {len(self.parts)} tasks")

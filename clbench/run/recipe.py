@@ -83,6 +83,7 @@ from clbench.run.setup import (
 from clbench.run.stages import keep_trained_stage, train_stage, trained_report
 from clbench.seeding import derive_seed, seed_everything
 from clbench.spec.schema import RunSpec
+from clbench.tasks.code.sandbox import sandbox_kind
 from clbench.train.cpu import release_free_memory
 
 if TYPE_CHECKING:
@@ -175,6 +176,8 @@ class RunRecipe:
             run, origin, {t.name: registry.task_class(t).version for t in tasks},
             [registry.plugin_origin(registry.ADDONS_GROUP, a.name) for a in run.addons],
             registry.run_defaults(run))
+        if any(registry.task_class(t).runs_code for t in tasks):  # how code was confined
+            self.result.versions["code_sandbox"] = sandbox_kind()
         # every setting as this sitting runs it (fields added since the run began included:
         # the folder's check made sure they do what the run did)
         self.result.method.config = dict(run.method.params)

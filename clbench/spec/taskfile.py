@@ -28,7 +28,7 @@ TASK_FILE_SUFFIXES = (".yaml", ".yml")
 #: Local data files by suffix, as `datasets` loads them.
 DATA_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 #: The graders a task file may name (:mod:`clbench.tasks.declared` implements each).
-GraderName = Literal["boxed_math", "choice", "exact", "regex", "tool_calls"]
+GraderName = Literal["boxed_math", "choice", "exact", "regex", "tool_calls", "code_tests"]
 #: Templates longer than this are refused: a task's prompt is a paragraph, not a book.
 MAX_TEMPLATE_CHARS = 20_000
 
@@ -156,7 +156,9 @@ class TaskFile(Spec):
                                "`\\boxed{}` against the answer, math-equivalent), `choice` (a "
                                "letter), `exact` (the last line, or `grader_args.extract`), "
                                "`regex` (a pattern's group), `tool_calls` (function calls "
-                               "against the answer's JSON list of expected calls).")
+                               "against the answer's JSON list of expected calls), "
+                               "`code_tests` (the completion's code block run against the "
+                               "answer's JSON tests in a sandbox).")
     grader_args: dict[str, Any] = Field(default_factory=dict, description="Arguments of the "
                                         "grader (docs/tasks.md lists each grader's).")
     metadata: dict[str, str] = Field(default_factory=dict, description="Templates of fields "

@@ -8,10 +8,12 @@ are pure functions of (example, completion) and must return quickly on adversari
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -97,6 +99,12 @@ class TaskSource(ABC):
     version: ClassVar[str] = "1"
     license: ClassVar[str] = "Apache-2.0"
     Params: ClassVar[type[TaskParams]] = TaskParams
+    #: Whether completions are graded in parallel (:func:`grade_all`): for graders that wait on
+    #: other processes (code run in a sandbox), not for those that compute in Python.
+    grades_in_parallel: ClassVar[bool] = False
+    #: Whether grading runs the completion as code (in the sandbox): a run records how the
+    #: sandbox was made (`versions["code_sandbox"]`).
+    runs_code: ClassVar[bool] = False
 
     def __init__(self, params: TaskParams | dict[str, Any] | None = None) -> None:
         if not isinstance(params, TaskParams):
@@ -152,6 +160,31 @@ class TaskSource(ABC):
         """A tighter token cap than the stage's for rollouts of `example`, or None (the
         stage's). The joint reference's mixture gives each item its own stage's cap."""
         return None
+
+
+#: Completions graded at once by the graders that run in parallel.
+GRADING_WORKERS = max(2, os.cpu_count() or 1)
+
+
+def grade_all(items: Sequence[tuple[TaskSource, Example, str]]) -> list[Grade]:
+    """Grade each `(task, example, completion)`, in order: those of tasks that grade in
+    parallel (:attr:`TaskSource.grades_in_parallel`) across :data:`GRADING_WORKERS` threads,
+    the others here, in this thread (a grader's time limit works in the main thread only)."""
+    grades: list[Grade | None] = [None] * len(items)
+    parallel = [i for i, (task, _, _) in enumerate(items) if task.grades_in_parallel]
+    pool = ThreadPoolExecutor(GRADING_WORKERS) if len(parallel) > 1 else None
+    try:
+        futures = {i: pool.submit(items[i][0].grade, items[i][1], items[i][2])
+                   for i in parallel} if pool is not None else {}
+        for i, (task, example, completion) in enumerate(items):
+            if i not in futures:
+                grades[i] = task.grade(example, completion)
+        for i, future in futures.items():
+            grades[i] = future.result()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return grades  # type: ignore[return-value]
 
 
 def think_field_description() -> str:

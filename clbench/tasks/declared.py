@@ -3,9 +3,8 @@
 A task file becomes a :class:`DeclaredTask` subclass (:func:`declared_task_class`): the same
 contract as a task written in Python, so a run, `clbench tasks show` and the lm-eval export treat
 both alike. Records are read with `datasets` (a local file, or the hub), filtered, and rendered
-through Jinja2's immutable sandbox: templates read a record's fields and call the filters below,
-never Python a file names; each rendering is bounded in time and length. Grading is one of
-:data:`GRADERS`, chosen by name.
+through the file's templates (:mod:`clbench.tasks.templates`); grading is one of the graders a
+file may name (:mod:`clbench.tasks.graders`).
 
 A package ships task files the same way: an entry point in the `clbench.tasks` group naming a
 class made by :func:`task_from_file` (clbench's own hub tasks are registered so).
@@ -16,16 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import string
-from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field, create_model
 
-from clbench.errors import UserError
-from clbench.spec.reading import SpecError
 from clbench.spec.taskfile import DATA_FORMATS, TaskFile, data_file, read_task_file
 from clbench.tasks.base import (
     Example,
@@ -34,39 +28,12 @@ from clbench.tasks.base import (
     Split,
     TaskParams,
     TaskSource,
-    default_answer_start,
     seeded_rng,
     split_of,
 )
-from clbench.tasks.grading import (
-    MAX_SCAN_CHARS,
-    TimeLimitExceeded,
-    extract_answer_line,
-    extract_boxed,
-    extract_tag,
-    normalize_answer,
-    parse_number,
-    quote,
-    time_limit,
-)
-from clbench.tasks.hub import HubDataError, load_split, stable_key
-from clbench.tasks.math.generated import boxed_answer_start, grade_boxed
-from clbench.tasks.science.generated import grade_choice
-from clbench.tasks.tool_use.calls import NO_CALL_FEEDBACK, grade_calls
-from clbench.tasks.tool_use.generated import reference_arguments
-from clbench.tasks.tool_use.parsing import calls_start
-
-#: One rendering may take this long (on the main thread) and produce this many characters.
-RENDER_BUDGET_S = 1.0
-MAX_RENDERED_CHARS = 100_000
-#: Option letters of multiple-choice tasks.
-LETTERS = string.ascii_uppercase
-#: A regex grader's pattern gets this long on one completion.
-REGEX_BUDGET_S = 0.1
-
-
-class TaskFileError(UserError):
-    """A task file's template or grader arguments fail on a record."""
+from clbench.tasks.graders import Grader
+from clbench.tasks.hub import HubDataError, load_split
+from clbench.tasks.templates import LETTERS, TaskFileError, Template
 
 
 class DeclaredParams(TaskParams):
@@ -83,209 +50,6 @@ class DeclaredParams(TaskParams):
     reveal_answer_in_feedback: bool = Field(default=False, description="Let the grader's "
                                             "feedback state the gold answer.")
 
-
-# ---------------------------------------------------------------------------------------------
-# Templates
-# ---------------------------------------------------------------------------------------------
-
-def _regex_replace(value: Any, pattern: str, replacement: str = "") -> str:
-    return re.sub(pattern, replacement, str(value))
-
-
-def _regex_search(value: Any, pattern: str, group: int = 0) -> str:
-    found = re.search(pattern, str(value))
-    return found.group(group) if found else ""
-
-
-def _letter(index: Any) -> str:
-    return LETTERS[int(index)]
-
-
-@lru_cache(maxsize=1)
-def _environment() -> Any:
-    from jinja2 import StrictUndefined
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False,
-                                        keep_trailing_newline=False)
-    env.filters.update(regex_replace=_regex_replace, regex_search=_regex_search,
-                       boxed=lambda v: extract_boxed(str(v)) or "", letter=_letter,
-                       hash=lambda *parts: stable_key(*parts))
-    return env
-
-
-class Template:
-    """One template (or, with `expression`, one Jinja2 expression) of a task file."""
-
-    def __init__(self, text: str, field: str, task: str, expression: bool = False) -> None:
-        from jinja2 import TemplateError
-
-        self.field, self.task = field, task
-        try:
-            env = _environment()
-            self._render = env.compile_expression(text) if expression else \
-                env.from_string(text).render
-        except TemplateError as exc:
-            raise SpecError(f"{task}: {field}: not a valid template: {exc}") from None
-
-    def __call__(self, record: dict[str, Any]) -> Any:
-        from jinja2 import TemplateError
-
-        try:
-            with time_limit(RENDER_BUDGET_S):
-                value = self._render(**record)
-        except TemplateError as exc:
-            raise TaskFileError(f"{self.task}: {self.field}: {exc}") from None
-        except TimeLimitExceeded:
-            raise TaskFileError(f"{self.task}: {self.field}: rendering one record took more "
-                                f"than {RENDER_BUDGET_S:g} s") from None
-        except Exception as exc:  # a filter given the wrong kind of value, say
-            raise TaskFileError(f"{self.task}: {self.field}: {type(exc).__name__}: "
-                                f"{str(exc)[:200]}") from None
-        if isinstance(value, str) and len(value) > MAX_RENDERED_CHARS:
-            raise TaskFileError(f"{self.task}: {self.field}: renders {len(value):,} characters "
-                                f"(at most {MAX_RENDERED_CHARS:,})")
-        return value
-
-
-# ---------------------------------------------------------------------------------------------
-# Graders
-# ---------------------------------------------------------------------------------------------
-
-def _exact_extract(how: str) -> Callable[[str], str | None]:
-    extractors: dict[str, Callable[[str], str | None]] = {
-        "last_line": lambda c: (c.strip().splitlines() or [""])[-1],
-        "answer_line": extract_answer_line, "answer_tag": extract_tag, "boxed": extract_boxed,
-        "whole": lambda c: c}
-    if how not in extractors:
-        raise SpecError(f"grader_args.extract: {how!r} is not one of "
-                        f"{', '.join(extractors)}")
-    return extractors[how]
-
-
-def _same(pred: str, gold: str, case_sensitive: bool) -> bool:
-    if not case_sensitive:
-        pred, gold = pred.casefold(), gold.casefold()
-    p, g = normalize_answer(pred), normalize_answer(gold)
-    if p == g:
-        return True
-    pn, gn = parse_number(p), parse_number(g)
-    return pn is not None and pn == gn
-
-
-class Grader:
-    """A grader chosen by name with its arguments, checked when the task is made."""
-
-    ARGS: ClassVar[dict[str, set[str]]] = {
-        "boxed_math": set(), "choice": {"letters"},
-        "exact": {"extract", "case_sensitive"}, "regex": {"pattern", "group", "ignore_case"},
-        "tool_calls": set()}
-
-    def __init__(self, task: TaskFile) -> None:
-        self.name, args = task.grader, dict(task.grader_args)
-        unknown = set(args) - self.ARGS[self.name]
-        if unknown:
-            raise SpecError(f"{task.name}: grader_args: {self.name} takes "
-                            f"{', '.join(sorted(self.ARGS[self.name])) or 'no arguments'}, "
-                            f"not {', '.join(sorted(unknown))}")
-        self.letters = str(args.get("letters", "ABCD"))
-        if not re.fullmatch(r"[A-Z]{2,26}", self.letters):
-            raise SpecError(f"{task.name}: grader_args.letters: capital letters, e.g. ABCD")
-        self.extract_name = str(args.get("extract", "last_line")) if self.name == "exact" \
-            else ""
-        self.extract = _exact_extract(self.extract_name or "last_line")
-        self.case_sensitive = bool(args.get("case_sensitive", False))
-        self.pattern = None
-        if self.name == "regex":
-            import regex
-
-            if "pattern" not in args:
-                raise SpecError(f"{task.name}: grader_args.pattern: the regex grader needs a "
-                                "pattern, e.g. 'Answer: (\\S+)'")
-            try:
-                self.pattern = regex.compile(str(args["pattern"]),
-                                             regex.IGNORECASE if args.get("ignore_case") else 0)
-            except regex.error as exc:
-                raise SpecError(f"{task.name}: grader_args.pattern: {exc}") from None
-            self.group = int(args.get("group", 1 if self.pattern.groups else 0))
-
-    def answer(self, rendered: str) -> Any:
-        """The gold answer as the grader holds it (tool calls: the parsed JSON)."""
-        if self.name != "tool_calls":
-            return rendered.strip()
-        try:
-            value = json.loads(rendered)
-        except ValueError as exc:
-            raise TaskFileError(f"answer: the tool_calls grader reads JSON (a list of "
-                                f"{{name, arguments}} calls): {exc}") from None
-        calls = value.get("calls") if isinstance(value, dict) else value
-        if not isinstance(calls, list) or not all(
-                isinstance(c, dict) and isinstance(c.get("name"), str)
-                and isinstance(c.get("arguments"), dict) for c in calls):
-            raise TaskFileError("answer: the tool_calls grader reads a list of {name, arguments:"
-                                " {parameter: [allowed values]}} calls")
-        schemas = value.get("schemas", []) if isinstance(value, dict) else []
-        return {"calls": calls, "schemas": schemas}
-
-    def reference(self, answer: Any) -> str:
-        """A correct response when the file gives no reference template."""
-        if self.name == "boxed_math":
-            return f"\\boxed{{{answer}}}"
-        if self.name == "choice":
-            return f"<answer>{answer}</answer>"
-        if self.name == "tool_calls":
-            return "\n".join(json.dumps({"name": c["name"], "arguments": reference_arguments(
-                c["arguments"])}) for c in answer["calls"])
-        # exact: where its extractor looks; regex: the answer (a pattern may need a template)
-        return {"answer_tag": f"<answer>{answer}</answer>", "answer_line": f"Answer: {answer}",
-                "boxed": f"\\boxed{{{answer}}}"}.get(self.extract_name, str(answer))
-
-    def grade(self, gold: Any, completion: str, reveal: bool, letters: str | None = None
-              ) -> Grade:
-        """`letters`: an item's own (as many as its options), else the grader's."""
-        if self.name == "boxed_math":
-            return grade_boxed(str(gold), completion, reveal)
-        if self.name == "choice":
-            return grade_choice(str(gold), completion, reveal, letters=letters or self.letters)
-        if self.name == "tool_calls":
-            schemas = {s["name"]: s for s in gold.get("schemas", []) if isinstance(s, dict)}
-            correct, feedback = grade_calls(completion, gold["calls"], schemas)
-            return Grade(1.0 if correct else 0.0, correct, feedback,
-                         format_error=feedback == NO_CALL_FEEDBACK)
-        pred = self._regex(completion) if self.name == "regex" else self.extract(completion)
-        if pred is None or not pred.strip():
-            what = "text matching the task's answer pattern" if self.name == "regex" else \
-                "answer"
-            return Grade(0.0, False, f"No {what} found.", format_error=True)
-        if _same(pred, str(gold), self.case_sensitive):
-            return Grade(1.0, True, None)
-        feedback = f"Your answer {quote(pred)} is wrong."
-        if reveal:
-            feedback += f" The correct answer is {gold}."
-        return Grade(0.0, False, feedback)
-
-    def _regex(self, completion: str) -> str | None:
-        assert self.pattern is not None
-        try:
-            found = list(self.pattern.finditer(completion[-MAX_SCAN_CHARS:],
-                                               timeout=REGEX_BUDGET_S))
-        except TimeoutError:
-            return None
-        return found[-1].group(self.group) if found else None
-
-    def answer_start(self, completion: str) -> int:
-        if self.name == "boxed_math":
-            return boxed_answer_start(completion)
-        if self.name == "tool_calls":
-            start = calls_start(completion)
-            if start is not None:
-                return start
-        return default_answer_start(completion)
-
-
-# ---------------------------------------------------------------------------------------------
-# The task
-# ---------------------------------------------------------------------------------------------
 
 class DeclaredTask(TaskSource):
     """A task declared in a task file; subclasses made by :func:`declared_task_class` carry it."""
@@ -476,6 +240,8 @@ def declared_task_class(definition: TaskFile, folder: str | Path) -> type[Declar
                 "name": definition.name, "description": definition.description,
                 "domain": definition.domain, "version": definition.version,
                 "license": definition.license,
+                "grades_in_parallel": definition.grader == "code_tests",
+                "runs_code": definition.grader == "code_tests",
                 "origin": "offline" if definition.dataset.local else "hub",
                 "definition": definition, "folder": Path(folder)})
     return cls  # type: ignore[return-value]

@@ -44,7 +44,7 @@ import torch
 from pydantic import Field
 
 from clbench.metrics.artifacts import max_repeat
-from clbench.tasks.base import Example, Grade
+from clbench.tasks.base import Example, Grade, grade_all
 from clbench.train.logprobs import TokenLogprobs, completion_logprobs, pack_batch
 from clbench.train.loop import StepBatch, StepHooks, TrainingLoop
 from clbench.train.optim import OptimizerSettings, rank_share
@@ -259,8 +259,8 @@ class Objective(StepHooks):
             rollouts = self.generator.generate([e.messages for e in examples], params)
         self._check_rollouts(rollouts, params)
         with loop.clock.phase("grade"):
-            grades = [ctx.task_for(examples[r.prompt_index]).grade(examples[r.prompt_index],
-                                                                   r.text) for r in rollouts]
+            grades = grade_all([(ctx.task_for(examples[r.prompt_index]),
+                                 examples[r.prompt_index], r.text) for r in rollouts])
         device = next(loop.model.parameters()).device
         mask = pack_batch([r.prompt_ids for r in rollouts],
                           [r.completion_ids for r in rollouts]).completion_mask.to(device)

@@ -17,7 +17,7 @@ from clbench.plugins import registry
 from clbench.spec.reading import SpecError
 from clbench.spec.schema import TaskSpec
 from clbench.spec.suites import load_suite, read_task_file_of
-from clbench.tasks.declared import TaskFileError
+from clbench.tasks.templates import TaskFileError
 
 RECORDS = [{"id": f"r{i}", "a": i, "b": 2 * i, "sum": str(3 * i)} for i in range(10)]
 
