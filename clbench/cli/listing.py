@@ -97,16 +97,22 @@ def validate_command(files: tuple[str, ...], allow_task_code: bool) -> None:
 @cli.command("schema")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the schema to this file instead of stdout.")
-def schema_command(output: Path | None) -> None:
-    """Print the JSON Schema of suite files (for editor completion and checks).
+@click.option("--task-file", "task_file", is_flag=True,
+              help="The schema of task files (a task declared in YAML) instead of suites.")
+def schema_command(output: Path | None, task_file: bool) -> None:
+    """Print the JSON Schema of suite files, or of task files (for editor completion and
+    checks).
 
     \b
     Example:
       clbench schema --output suite.schema.json
+      clbench schema --task-file --output task.schema.json
     """
     from clbench.spec.schema import SuiteSpec
+    from clbench.spec.taskfile import TaskFile
 
-    text = json.dumps(SuiteSpec.model_json_schema(), indent=2) + "\n"
+    model = TaskFile if task_file else SuiteSpec
+    text = json.dumps(model.model_json_schema(), indent=2) + "\n"
     if output is None:
         click.echo(text, nl=False)
         return

@@ -162,7 +162,7 @@ def test_generated_items_are_drawn_deterministically_and_their_references_pass()
     assert "```python" in shown and shown.count("assert ") == 1  # one test shown
     assert not any(t in shown for t in first.answer["tests"])    # the graded ones hidden
     assert {e.metadata["family"] for e in task.examples("eval", 0, 60)} == {
-        "linear", "clamp", "last_digits", "repeat"}
+        "count_where", "sum_multiples", "keep_words", "scale_list"}  # the `lists` mix
 
 
 def test_grade_all_keeps_the_order_of_mixed_tasks() -> None:

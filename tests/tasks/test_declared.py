@@ -301,3 +301,27 @@ def test_the_task_file_in_the_docs_is_the_shipped_example() -> None:
     block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
     shipped = (REPO / "examples" / "tasks" / "units.yaml").read_text()
     assert yaml.safe_load(block) == yaml.safe_load(shipped)
+
+
+@pytest.mark.parametrize("source", ["math.arithmetic", "science.facts", "tool_use.generated",
+                                    "code.generated"])
+def test_tasks_grade_grades_every_domain(tmp_path: Path, source: str) -> None:
+    spec = TaskSpec(source=source)
+    item = registry.build_task(spec).examples("eval", 1234, 3)[2]
+    answer = tmp_path / "answer.txt"
+    answer.write_text(item.reference)
+    graded = run_cli(["tasks", "grade", source, "--index", "2", "--completion-file",
+                      str(answer), "--json"])
+    assert json.loads(graded.output) == {"id": item.id, "correct": True, "reward": 1.0,
+                                         "feedback": None, "format_error": False}
+    answer.write_text("I do not know.")
+    graded = json.loads(run_cli(["tasks", "grade", source, "--index", "2", "--completion-file",
+                                 str(answer), "--json"]).output)
+    assert graded["correct"] is False and graded["format_error"] is True and graded["feedback"]
+
+
+def test_the_task_file_schema_is_printed() -> None:
+    result = run_cli(["schema", "--task-file"])
+    schema = json.loads(result.output)
+    assert {"dataset", "splits", "prompt", "answer", "grader"} <= set(schema["required"])
+    assert "code_tests" in json.dumps(schema)
