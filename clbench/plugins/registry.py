@@ -455,10 +455,30 @@ def task_class(spec: TaskSpec) -> type[TaskSource]:
 
 
 def validate_task_params(spec: TaskSpec, where: str = "task.params") -> TaskParams:
-    """Validate the task's `params` against its source's `Params`; errors carry
-    `where.field`."""
-    return _validate_params(task_class(spec).Params, spec.params, where,
-                            f"clbench tasks show {spec.source}")
+    """Validate the task's `params` against its source's `Params`, relative `data_files`
+    anchored at the suite's folder; errors carry `where.field`."""
+    return _validate_params(task_class(spec).Params, _anchored(spec.params, spec.suite_folder),
+                            where, f"clbench tasks show {spec.source}")
+
+
+def _anchored(params: Any, folder: str | None) -> Any:
+    """`params` with relative paths in `data_files` (a path, a list, a mapping of either) made
+    absolute against `folder`, the suite file's: written in a suite, they mean files beside
+    it, wherever the command runs."""
+    if folder is None or not isinstance(params, dict) or "data_files" not in params:
+        return params
+
+    def anchor(value: Any) -> Any:
+        if isinstance(value, str):
+            path = Path(value).expanduser()
+            return value if path.is_absolute() else str(Path(folder) / path)
+        if isinstance(value, list):
+            return [anchor(v) for v in value]
+        if isinstance(value, dict):
+            return {k: anchor(v) for k, v in value.items()}
+        return value
+
+    return {**params, "data_files": anchor(params["data_files"])}
 
 
 def build_method(spec: MethodSpec, where: str = "method.params") -> Method:

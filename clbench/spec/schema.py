@@ -56,6 +56,9 @@ class TaskSpec(Spec):
     folder: str | None = Field(default=None, description="The folder of the task file `source` "
                                "names (its data paths are relative to it): filled in when the "
                                "suite is read; not part of the suite's hash.")
+    suite_folder: str | None = Field(default=None, description="The folder of the suite file, "
+                                     "which relative `data_files` in `params` resolve against: "
+                                     "filled in when the suite is read; not part of its hash.")
 
     @property
     def name(self) -> str:
@@ -379,11 +382,14 @@ def entry_name(method: str, addons: list[str] | tuple[str, ...] = ()) -> str:
 
 #: What a suite's content hash leaves out: prose, the per-method settings and the add-ons (a run
 #: records those in force with its method), the diagnostics (they measure R, they do not change
-#: it) and the generation engine (the same greedy tokens; like the device, how a machine runs
-#: the suite).
+#: it), the generation engine (the same greedy tokens; like the device, how a machine runs
+#: the suite) and the folders a task's files were read from.
 MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True, "addons": True,
                                      "model": {"generation": True},
-                                     "protocol": {"diagnostics": True}}
+                                     "protocol": {"diagnostics": True},
+                                     # where this machine keeps a task's files, not what they hold
+                                     "stages": {"__all__": {"task": {"folder", "suite_folder"}}},
+                                     "probes": {"__all__": {"task": {"folder", "suite_folder"}}}}
 
 
 #: Fields added after suites were first hashed, at a default that measures what runs before them
@@ -458,7 +464,6 @@ class SuiteSpec(Spec):
         diagnostics (see :data:`MEASURED_EXCLUDES`)."""
         content = self.model_dump(mode="json", exclude=MEASURED_EXCLUDES)
         for task in _task_dumps(content):
-            task.pop("folder", None)  # where this machine keeps the file, not what it holds
             if task.get("definition") is None:  # a registered source: hashed as before
                 task.pop("definition", None)
         for section, name, default in HASHED_WHEN_CHANGED:

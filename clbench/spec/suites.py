@@ -172,15 +172,19 @@ def load_suite(ref: str | os.PathLike[str], overrides: Sequence[str] = ()) -> Su
 def read_task_files(suite: SuiteSpec, folder: Path, source: str) -> None:
     """Fill in the content of every task file a task names (`source: tasks/x.yaml`, relative to
     `folder`, the suite file's): what it holds, with its data's SHA-256, is then part of the
-    suite's hash. Every problem is reported at once, each with its field path."""
+    suite's hash. Every task also learns `folder`, which its relative `data_files` resolve
+    against. Every problem is reported at once, each with its field path."""
     problems = []
     tasks = [(f"stages[{i}].task", s.task) for i, s in enumerate(suite.stages)]
     tasks += [(f"probes[{i}].task", p.task) for i, p in enumerate(suite.probes) if p.task]
     for where, task in tasks:
-        if task.definition is not None or task.folder is not None:
-            problems.append(f"{where}: definition and folder are filled in from the task file "
-                            "that source names; remove them")
-        elif task.is_file:
+        if task.definition is not None or task.folder is not None or \
+                task.suite_folder is not None:
+            problems.append(f"{where}: definition, folder and suite_folder are filled in when "
+                            "the suite is read; remove them")
+            continue
+        task.suite_folder = str(folder.resolve())
+        if task.is_file:
             try:
                 read_task_file_of(task, folder)
             except SpecError as exc:

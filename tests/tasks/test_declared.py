@@ -15,7 +15,7 @@ from where import REPO
 
 from clbench.plugins import registry
 from clbench.spec.reading import SpecError
-from clbench.spec.schema import TaskSpec
+from clbench.spec.schema import MEASURED_EXCLUDES, TaskSpec
 from clbench.spec.suites import load_suite, read_task_file_of
 from clbench.tasks.templates import TaskFileError
 
@@ -175,7 +175,11 @@ def test_a_suite_reads_its_task_file_relative_to_itself_and_hashes_what_it_holds
     first = suite.content_hash()
 
     shutil.copytree(tmp_path / "a", tmp_path / "b")  # the same files elsewhere: the same suite
-    assert load_suite(tmp_path / "b" / "suite.yaml").content_hash() == first
+    moved = load_suite(tmp_path / "b" / "suite.yaml")
+    assert moved.content_hash() == first
+    # and the same run's suite, for --resume from the new place
+    assert moved.model_dump(mode="json", exclude=MEASURED_EXCLUDES) == \
+        suite.model_dump(mode="json", exclude=MEASURED_EXCLUDES)
 
     data = tmp_path / "b" / "tasks" / "data" / "sums.jsonl"
     data.write_text(data.read_text().replace('"sum": "3"', '"sum": "4"'))
@@ -211,7 +215,8 @@ def test_a_suite_cannot_write_a_task_definition_by_hand(tmp_path: Path) -> None:
     write_task(tmp_path / "tasks")
     (tmp_path / "suite.yaml").write_text(SUITE.replace(
         "eval_size: 2}", "eval_size: 2, folder: /etc}"))
-    with pytest.raises(SpecError, match="filled in from the task file"):
+    with pytest.raises(SpecError, match="stages.0..task: definition, folder and suite_folder "
+                       "are filled in when the suite is read; remove them"):
         load_suite(tmp_path / "suite.yaml")
 
 
@@ -325,3 +330,29 @@ def test_the_task_file_schema_is_printed() -> None:
     schema = json.loads(result.output)
     assert {"dataset", "splits", "prompt", "answer", "grader"} <= set(schema["required"])
     assert "code_tests" in json.dumps(schema)
+
+
+def test_relative_data_files_of_a_suite_resolve_against_the_suite_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from where import FIXTURES
+
+    suite_dir = tmp_path / "bench"
+    (suite_dir / "data").mkdir(parents=True)
+    shutil.copy(FIXTURES / "hub" / "aime25_test.jsonl", suite_dir / "data" / "aime25.jsonl")
+    (suite_dir / "suite.yaml").write_text(
+        "name: aime\nstages:\n  - name: sums\n    task: {source: tasks/sums.yaml, "
+        "train_size: 4, eval_size: 2}\n    budget: {steps: 1}\nprobes:\n  - name: aime25\n"
+        "    kind: ood\n    task: {source: math.aime25, params: {data_files: "
+        "data/aime25.jsonl}, eval_size: 2}\n")
+    write_task(suite_dir / "tasks")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    suite = load_suite(suite_dir / "suite.yaml")
+    probe = suite.probes[0].task
+    assert probe.params == {"data_files": "data/aime25.jsonl"}  # as written, and so hashed
+    assert sorted(e.answer for e in registry.build_task(probe).examples("eval", 0, 2)) == [
+        "16", "400"]
+    moved = tmp_path / "moved"
+    shutil.copytree(suite_dir, moved)
+    assert load_suite(moved / "suite.yaml").content_hash() == suite.content_hash()
