@@ -33,7 +33,7 @@ from clbench.tasks.base import (
 )
 from clbench.tasks.graders import Grader
 from clbench.tasks.hub import HubDataError, load_split
-from clbench.tasks.templates import LETTERS, TaskFileError, Template
+from clbench.tasks.templates import LETTERS, RecordTooLong, TaskFileError, Template
 
 
 class DeclaredParams(TaskParams):
@@ -187,6 +187,8 @@ class DeclaredTask(TaskSource):
         for index, record in enumerate(records):
             try:
                 made = self.item(record)
+            except RecordTooLong:
+                continue
             except TaskFileError as exc:
                 raise TaskFileError(f"record {index} of split {expression!r}: {exc}") from None
             if made is None or made[0] in out:

@@ -96,7 +96,11 @@ class Grader:
                                              regex.IGNORECASE if args.get("ignore_case") else 0)
             except regex.error as exc:
                 raise SpecError(f"{task.name}: grader_args.pattern: {exc}") from None
-            self.group = int(args.get("group", 1 if self.pattern.groups else 0))
+            group = args.get("group", 1 if self.pattern.groups else 0)
+            if not isinstance(group, int) or not 0 <= group <= self.pattern.groups:
+                raise SpecError(f"{task.name}: grader_args.group: {group!r} is not a group of "
+                                f"the pattern (it has {self.pattern.groups})")
+            self.group = group
 
     def answer(self, rendered: str) -> Any:
         """The gold answer as the grader holds it (tool calls and code tests: the parsed

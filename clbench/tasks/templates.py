@@ -8,10 +8,11 @@ attribute starting with `_`, no imports, no mutation. One rendering may take
 from __future__ import annotations
 
 import json
-import re
 import string
 from functools import lru_cache
 from typing import Any
+
+import regex
 
 from clbench.errors import UserError
 from clbench.spec.reading import SpecError
@@ -29,12 +30,21 @@ class TaskFileError(UserError):
     """A task file's template or grader arguments fail on a record."""
 
 
+class RecordTooLong(TaskFileError):
+    """A template renders more than :data:`MAX_RENDERED_CHARS` of one record (the record is
+    skipped: its data, not the template, is at fault)."""
+
+
+#: A template's regular expression gets this long on one value (a signal cannot stop one).
+REGEX_BUDGET_S = 0.5
+
+
 def _regex_replace(value: Any, pattern: str, replacement: str = "") -> str:
-    return re.sub(pattern, replacement, str(value))
+    return regex.sub(pattern, replacement, str(value), timeout=REGEX_BUDGET_S)
 
 
 def _regex_search(value: Any, pattern: str, group: int = 0) -> str:
-    found = re.search(pattern, str(value))
+    found = regex.search(pattern, str(value), timeout=REGEX_BUDGET_S)
     return found.group(group) if found else ""
 
 
@@ -49,13 +59,33 @@ def _letter(index: Any) -> str:
     return LETTERS[int(index)]
 
 
+def _bounded_binop(env: Any, context: Any, operator: str, left: Any, right: Any) -> Any:
+    """`*` and `**` as Python computes them, unless the result would be too large to render:
+    `'a' * 10**10` and `9 ** 9 ** 9` are refused before any memory is taken."""
+    from jinja2.sandbox import SecurityError
+
+    if operator == "*":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and \
+                    len(seq) * max(times, 0) > MAX_RENDERED_CHARS:
+                raise SecurityError(f"a repetition of {len(seq) * times:,} items is too large")
+    if operator == "**" and isinstance(right, (int, float)) and abs(right) > 64:
+        raise SecurityError(f"an exponent of {right} is too large")
+    return env.binop_table[operator](left, right)
+
+
 @lru_cache(maxsize=1)
 def _environment() -> Any:
     from jinja2 import StrictUndefined
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(undefined=StrictUndefined, autoescape=False,
-                                        keep_trailing_newline=False)
+    class Bounded(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            return _bounded_binop(self, context, operator, left, right)
+
+    env = Bounded(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=False)
     env.filters.update(regex_replace=_regex_replace, regex_search=_regex_search,
                        boxed=lambda v: extract_boxed(str(v)) or "", letter=_letter,
                        hash=lambda *parts: stable_key(*parts), fromjson=_from_json)
@@ -91,6 +121,6 @@ class Template:
             raise TaskFileError(f"{self.task}: {self.field}: {type(exc).__name__}: "
                                 f"{str(exc)[:200]}") from None
         if isinstance(value, str) and len(value) > MAX_RENDERED_CHARS:
-            raise TaskFileError(f"{self.task}: {self.field}: renders {len(value):,} characters "
+            raise RecordTooLong(f"{self.task}: {self.field}: renders {len(value):,} characters "
                                 f"(at most {MAX_RENDERED_CHARS:,})")
         return value

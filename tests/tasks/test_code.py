@@ -34,22 +34,26 @@ def block(code: str) -> str:
 
 
 def sandbox_leftovers() -> tuple[list[str], list[int]]:
-    """Sandbox folders still on disk, and processes still running a sandbox's harness."""
+    """Sandbox folders still on disk, and processes still running a sandbox's harness or
+    launcher, or running as a sandbox's user."""
     folders = [p.name for p in Path(tempfile.gettempdir()).glob("clbench-sandbox-*")]
     running = []
     for entry in Path("/proc").iterdir():
         try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            cmdline = (entry / "cmdline").read_bytes()
+            uid = int((entry / "status").read_text().split("Uid:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
             continue
-        if b"check.py" in cmdline and b"-I" in cmdline:
+        if (b"main.py" in cmdline and b"-I" in cmdline) or b"PR_SET_CHILD_SUBREAPER" in cmdline \
+                or uid >= sandbox.SANDBOX_UID:
             running.append(int(entry.name))
     return folders, running
 
 
 @pytest.mark.parametrize(("completion", "correct", "feedback"), [
     (block("def add(a, b):\n    return a + b"), True, None),
-    (block("def add(a, b):\n    return a - b"), False, "Failed test 1: assert add(2, 3) == 5."),
+    (block("def add(a, b):\n    return a - b"), False,
+     "Failed test 1: assert add(2, 3) == 5 (got -1)."),
     ("def add(a, b): return a + b", False, NO_CODE_FEEDBACK),
     (block("def add(a b):"), False, "The code does not run: SyntaxError: invalid syntax "
      "(solution.py, line 1)."),
@@ -205,6 +209,14 @@ def test_code_task_files_grade_their_reference_solutions(task, params, solved) -
     assert not any(source.grade(e, block("pass")).correct for e in items)
 
 
+def test_humaneval_solutions_may_use_the_imports_of_its_prompt() -> None:
+    source = shipped.HumanEval({"data_files": fx("humaneval_test.jsonl")})
+    longest = next(e for e in source.items("eval") if e.id.endswith("HumanEval/1"))
+    assert source.grade(longest, block(
+        "def longest(words: List[str]) -> str:\n    return max(words, key=len, default='')"
+    )).correct
+
+
 def test_dolci_keeps_code_records_only_and_splits_them_by_hash() -> None:
     source = shipped.DolciCode({"data_files": fx("dolci_code.jsonl")})
     ids = {e.id for e in source.items("train")} | {e.id for e in source.items("eval")}
@@ -218,8 +230,8 @@ def test_livecodebench_runs_stdio_and_leetcode_problems_on_their_public_tests() 
     assert "standard input" in atcoder.messages[-1]["content"]
     assert "class Solution" in leetcode.messages[-1]["content"]
     assert source.grade(atcoder, block("a, b = map(int, input().split())\nprint(a + b)")).correct
-    assert source.grade(leetcode, block(
-        "class Solution:\n    def countGreater(self, nums, k):\n"
+    assert source.grade(leetcode, block(  # as its starter code: typing names imported
+        "class Solution:\n    def countGreater(self, nums: List[int], k: int) -> int:\n"
         "        return len([v for v in nums if v > k])")).correct
     assert not source.grade(leetcode, block(
         "class Solution:\n    def countGreater(self, nums, k):\n        return 0")).correct
@@ -240,3 +252,27 @@ def test_tasks_grade_runs_code(tmp_path: Path) -> None:
     shown = run_cli(["tasks", "show", "code.generated", "--n", "2"])
     assert shown.exit_code == 0 and shown.output.count("grade of the reference: reward 1.000") == 2
     assert os.path.exists(answer)
+
+
+CHEATS = {
+    "an object equal to everything": "class Any:\n    def __eq__(self, other):\n"
+                                     "        return True\ndef add(a, b):\n    return Any()",
+    "a subclass of int equal to everything": "class Any(int):\n    def __eq__(self, other):\n"
+                                             "        return True\ndef add(a, b):\n"
+                                             "    return Any(0)",
+    "reporting through the harness's own frames": (
+        "import sys\nframe = sys._getframe()\nwhile frame and 'report' not in frame.f_locals:\n"
+        "    frame = frame.f_back\nfor i in range(2):\n"
+        "    frame.f_locals['report'](test=i, ok=True)\nimport os\nos._exit(0)"),
+    "reading the tests": "import os\nfound = [open(n).read() for n in os.listdir('.')]\n"
+                         "def add(a, b):\n    return found",
+    "patching json": "import json\njson.dumps = lambda *a, **k: '5'\n"
+                     "def add(a, b):\n    return 0",
+}
+
+
+@pytest.mark.parametrize("code", CHEATS.values(), ids=CHEATS.keys())
+def test_a_solution_cannot_forge_a_pass(code: str) -> None:
+    """The expected values never enter the sandbox; what comes back must be a plain value."""
+    assert not grade_code(block(code), ADD).correct
+    assert sandbox_leftovers() == ([], [])

@@ -356,3 +356,23 @@ def test_relative_data_files_of_a_suite_resolve_against_the_suite_file(
     moved = tmp_path / "moved"
     shutil.copytree(suite_dir, moved)
     assert load_suite(moved / "suite.yaml").content_hash() == suite.content_hash()
+
+
+def test_a_record_too_long_to_render_is_skipped_and_a_too_large_expression_refused(
+        tmp_path: Path) -> None:
+    records = RECORDS + [{"id": "huge", "a": "9" * 200_000, "b": 1, "sum": "0"}]
+    task = file_task(write_task(tmp_path, TASK.replace('splits: {train: "train[:60%]", eval: '
+                                                       '"train[60%:]"}', 'splits: {eval: train}'),
+                                records))
+    assert len(task.items("eval")) == 10  # the record whose prompt would be 200k long is left
+    text = TASK.replace('prompt: "{{ a }} + {{ b }}?"', "prompt: \"{{ 'x' * 10 ** 11 }}\"")
+    with pytest.raises(TaskFileError, match="too large"):
+        file_task(write_task(tmp_path, text)).items("eval")
+
+
+def test_a_regex_grader_group_the_pattern_lacks_is_refused(tmp_path: Path) -> None:
+    text = TASK.replace("grader: boxed_math",
+                        'grader: regex\ngrader_args: {pattern: "A=(\\\\d+)", group: 2}')
+    with pytest.raises(SpecError, match=r"grader_args.group: 2 is not a group of the pattern "
+                       r"\(it has 1\)"):
+        file_task(write_task(tmp_path, text))

@@ -6,9 +6,9 @@ returns 3 times x plus 4.` The prompt shows one worked example (another item of 
 excluded from both splits) and one test of the function asked for; the grader runs the
 completion's code block against four hidden tests in the sandbox
 (:mod:`clbench.tasks.code.grading`). Families not in a training mix are the distribution-shifted
-probes: the default mix is `lists` (functions of a list: 0.31 greedy accuracy of the embedded
+probes: the default mix is `lists` (functions of a list: 0.37 greedy accuracy of the embedded
 model, inside the band where training has a signal and room), and `basic` (functions of a
-number or a string: 0.61) is held out (docs/tasks.md, calibration).
+number or a string: 0.60) is held out (docs/tasks.md, calibration).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class Function:
 
     @property
     def key(self) -> str:
-        return f"{self.family}|{self.name}|{self.words}"
+        """What the function does: one function under two names is one item, in one split."""
+        return f"{self.family}|{self.words}"
 
     @property
     def code(self) -> str:
@@ -87,15 +88,16 @@ def _strings(rng: random.Random, n: int) -> tuple[str, ...]:
 
 
 def _linear(rng: random.Random) -> Function:
-    a, b = rng.randint(2, 9), rng.randint(1, 20)
+    a, b = rng.randint(2, 12), rng.randint(-20, 30)
     name = rng.choice(("scale_add", "affine", "times_plus", "grow"))
-    return Function("linear", name, "x", f"returns {a} times x plus {b}", f"{a} * x + {b}",
+    then = f"plus {b}" if b >= 0 else f"minus {-b}"
+    return Function("linear", name, "x", f"returns {a} times x {then}", f"{a} * x + {b}",
                     lambda x: a * x + b, _ints(rng, 5))
 
 
 def _clamp(rng: random.Random) -> Function:
-    lo = rng.randint(-10, 5)
-    hi = lo + rng.randint(5, 20)
+    lo = rng.randint(-20, 10)
+    hi = lo + rng.randint(5, 25)
     name = rng.choice(("clamp", "limit", "bound"))
     return Function("clamp", name, "x", f"returns x limited to the range {lo} to {hi} (the "
                     f"nearest end when x is outside it)", f"max({lo}, min({hi}, x))",
@@ -103,7 +105,7 @@ def _clamp(rng: random.Random) -> Function:
 
 
 def _last_digits(rng: random.Random) -> Function:
-    k = rng.randint(1, 3)
+    k = rng.randint(1, 4)
     name = rng.choice(("last_digits", "tail_digits", "low_digits"))
     digits = "the last digit" if k == 1 else f"the last {k} digits"
     return Function("last_digits", name, "n", f"returns the number formed by {digits} of the "
@@ -113,8 +115,8 @@ def _last_digits(rng: random.Random) -> Function:
 
 
 def _repeat(rng: random.Random) -> Function:
-    k = rng.randint(2, 4)
-    sep = rng.choice(("-", " ", "+", ""))
+    k = rng.randint(2, 5)
+    sep = rng.choice(("-", " ", "+", "", ",", "/"))
     name = rng.choice(("repeat", "echo", "stutter"))
     joined = f'"{sep}".join([s] * {k})'
     return Function("repeat", name, "s", f"returns the string s repeated {k} times, joined by "
@@ -127,7 +129,7 @@ _COMPARISONS = {"greater than": (">", operator.gt), "less than": ("<", operator.
 
 
 def _count_where(rng: random.Random) -> Function:
-    k = rng.randint(-10, 30)
+    k = rng.randint(-30, 60)
     words, (op, holds) = rng.choice(list(_COMPARISONS.items()))
     name = rng.choice(("count_where", "how_many", "tally"))
     return Function("count_where", name, "nums", f"returns how many numbers in the list nums "
@@ -136,7 +138,7 @@ def _count_where(rng: random.Random) -> Function:
 
 
 def _sum_multiples(rng: random.Random) -> Function:
-    k = rng.randint(2, 9)
+    k = rng.randint(2, 12)
     keep = rng.choice((True, False))
     name = rng.choice(("sum_multiples", "add_selected", "total_of"))
     words = "that are multiples of" if keep else "that are not multiples of"
@@ -162,10 +164,11 @@ def _keep_words(rng: random.Random) -> Function:
 
 
 def _scale_list(rng: random.Random) -> Function:
-    a, b = rng.randint(2, 9), rng.randint(0, 9)
+    a, b = rng.choice([v for v in range(-9, 10) if v not in (0, 1)]), rng.randint(-20, 20)
     name = rng.choice(("scale_all", "map_affine", "transform"))
     return Function("scale_list", name, "nums", f"returns a new list with each number of the "
-                    f"list nums multiplied by {a} and increased by {b}",
+                    f"list nums multiplied by {a} and "
+                    f"{f'increased by {b}' if b >= 0 else f'decreased by {-b}'}",
                     f"[{a} * v + {b} for v in nums]", lambda xs: [a * v + b for v in xs],
                     _lists(rng, 5))
 
