@@ -138,8 +138,10 @@ def test_the_rlimits_fallback_still_bounds_time_processes_and_memory(
     python = sandbox._setup()[1]
     monkeypatch.setattr(sandbox, "_setup", lambda: ("rlimits", python))
     limits = sandbox.Limits(wall_s=3, cpu_s=2)
+    escape = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\n"
+              "assert False")  # a process that leaves the sandbox's session, and lingers
     for code in ("while True:\n    pass", "import os\nwhile True:\n    try:\n        os.fork()\n"
-                 "    except OSError:\n        pass", "x = bytearray(4 * 1024 ** 3)"):
+                 "    except OSError:\n        pass", "x = bytearray(4 * 1024 ** 3)", escape):
         assert not grade_code(block(code), CodeTests("asserts", ["assert True"],
                                                      limits=limits)).correct
     assert grade_code(block("def add(a, b):\n    return a + b"), ADD).correct
