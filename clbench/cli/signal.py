@@ -111,6 +111,12 @@ def _print(result: Any) -> None:
     for name, value in result.forgetting_alignment.items():
         row(f"forgetting_alignment {escape(name)}", value,
             "the same on an earlier task (< 0: the step forgets it)")
+    if result.token_attribution:
+        meanings = {"disagree": "teacher and student differ on the likeliest token",
+                    "answer": "the answer's tokens", "eos": "the closing EOS",
+                    "rest": "every other token (style, working)"}
+        for kind, value in result.token_attribution.items():
+            row(f"divergence share: {escape(kind)}", value, meanings.get(kind, ""))
     console.print(table)
     if result.silent_batches:
         console.print(f"[yellow]{result.silent_batches} of {result.batches} batches had no "

@@ -14,7 +14,10 @@ validation items (the training split after the stage's training items, as
 - `forgetting_alignment`: the same against each earlier stage's task (negative: the step moves
   away from what was learned);
 - `consistency`: the mean cosine between the updates of two different batches (near 1 with
-  alignment near 0: a fixed direction unrelated to correctness, which Adam accumulates).
+  alignment near 0: a fixed direction unrelated to correctness, which Adam accumulates);
+- `token_attribution`, for the SDPO family: the share of the divergence on tokens where teacher
+  and student disagree about the most likely token, on answer tokens, on the closing EOS and on
+  the rest.
 
 Each is a mean over the batches with a bootstrap interval over batches. For a stage after the
 first, the earlier stages are trained first, by the method, as in a run (no evaluation).
@@ -68,6 +71,9 @@ class SignalResult:
     #: Batches whose loss had no gradient at all (every rollout of a group rewarded alike, say):
     #: their cosines are 0.
     silent_batches: int = 0
+    #: For a distillation method: the share of its divergence on each kind of token
+    #: (`disagree`, `answer`, `eos`, `rest`), over batches.
+    token_attribution: dict[str, Interval] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {"method": self.method, "stage": self.stage, "batches": self.batches,
@@ -77,7 +83,9 @@ class SignalResult:
                 "consistency": self.consistency.as_json(),
                 "forgetting_alignment": {k: v.as_json()
                                          for k, v in self.forgetting_alignment.items()},
-                "silent_batches": self.silent_batches, "per_batch": self.per_batch}
+                "silent_batches": self.silent_batches,
+                "token_attribution": {k: v.as_json() for k, v in self.token_attribution.items()},
+                "per_batch": self.per_batch}
 
 
 def measure_signal(run: RunSpec, stage: int = 1, batches: int = 5,
@@ -117,12 +125,13 @@ def measure_signal(run: RunSpec, stage: int = 1, batches: int = 5,
     for each in loop.all_hooks:
         each.on_stage_start(loop)
     eps = float(getattr(method.config, "adam_eps", 1e-8))
-    updates, adam = [], []
+    updates, adam, stats = [], [], []
     with dist.autocast():
         for b in range(batches):
             on_step(f"batch {b + 1} of {batches}")
             batch, _ = loop.new_batch(b)
-            gradient = _loss_gradient(loop, batch)
+            gradient, batch_stats = _loss_gradient(loop, batch)
+            stats.append(batch_stats)
             updates.append(-gradient)
             adam.append(-gradient / (gradient.abs() + eps))
     own = references[spec.name]
@@ -141,7 +150,8 @@ def measure_signal(run: RunSpec, stage: int = 1, batches: int = 5,
         alignment=_interval(per_batch["alignment"]),
         adam_alignment=_interval(per_batch["adam_alignment"]),
         consistency=_pairwise_interval(pairs), forgetting_alignment=forgetting,
-        per_batch=per_batch, silent_batches=sum(1 for u in updates if not bool(u.any())))
+        per_batch=per_batch, silent_batches=sum(1 for u in updates if not bool(u.any())),
+        token_attribution=_attribution(stats))
 
 
 def _context(run: RunSpec, index: int, model: Any, tokenizer: Any, items: Any, dist: Any,
@@ -190,23 +200,44 @@ def _reference_gradient(ctx: StageContext, examples: Sequence[Example], dist: An
     return _flat_gradient(model)
 
 
-def _loss_gradient(loop: Any, batch: Any) -> Any:
+def _loss_gradient(loop: Any, batch: Any) -> tuple[Any, dict[str, float]]:
     """The gradient of the step's loss on `batch`, as the loop backpropagates it (the
-    method's loss and every add-on's term), flattened."""
+    method's loss and every add-on's term), flattened; and the step's loss statistics."""
     import torch
 
     loop.train_model.train()
     loop.train_model.zero_grad(set_to_none=True)
     parts = [] if batch.total_tokens == 0 else loop.hooks.micro_batches(batch)
+    sums: dict[str, float] = {}
     for part in parts:
-        loss, _ = loop.part_loss(batch, part)
+        loss, stats = loop.part_loss(batch, part)
         if loss.requires_grad:
             loss.backward()
+        for k, v in stats.items():
+            sums[k] = sums.get(k, 0.0) + float(v)
     loop.train_model.eval()
     gradient = _flat_gradient(loop.train_model)
     if not torch.isfinite(gradient).all():
         raise UserError("the method's loss gave a gradient that is not finite on a batch")
-    return gradient
+    return gradient, sums
+
+
+#: A distillation method's step statistics that split its divergence by kind of token
+#: (`divergence_<kind>`, parts of `divergence_mean`: clbench_methods/sdpo/attribution.py).
+ATTRIBUTION_PREFIX = "divergence_"
+
+
+def _attribution(stats: Sequence[dict[str, float]]) -> dict[str, Interval]:
+    """The share of the divergence on each kind of token, over the batches that have one."""
+    shares: dict[str, list[float]] = {}
+    for batch in stats:
+        total = batch.get("divergence_mean", 0.0)
+        if total <= 0:
+            continue
+        for key, value in batch.items():
+            if key.startswith(ATTRIBUTION_PREFIX) and key != "divergence_mean":
+                shares.setdefault(key[len(ATTRIBUTION_PREFIX):], []).append(value / total)
+    return {kind: _interval(values) for kind, values in shares.items()}
 
 
 def _flat_gradient(model: Any) -> Any:

@@ -47,6 +47,7 @@ from clbench.api import (
     sdpo_loss,
     seeded_rng,
 )
+from clbench_methods.sdpo.attribution import KINDS, divergence_parts, token_kinds
 from clbench_methods.sdpo.supervision import Supervision, completion_supervision, random_token_mask
 from clbench_methods.sdpo.teacher import (
     FeedbackMode,
@@ -232,6 +233,7 @@ class SDPOObjective(Objective):
         batch.extra["supervised"] = supervised
         batch.extra["normalizer"] = int(supervised.sum())
         batch.extra["stops"] = set(stops)
+        batch.extra["token_kinds"] = token_kinds(ctx, batch)  # where the divergence falls
         # every rank's: the P(EOS) statistics are a mean over the step's such responses
         batch.extra["stops_total"] = loop.dist.sum_int(len(stops))
         total = max(int(batch.completion_mask.sum()), 1)
@@ -280,6 +282,7 @@ class SDPOObjective(Objective):
                  "divergence_mean": float(batch.token_mean(terms.divergence.detach(), mask)),
                  "importance_weight_mean": float(batch.token_mean(terms.weight, mask))}
         stats.update(self._stop_probabilities(batch, active, student, teacher))
+        stats.update(divergence_parts(batch, active, mask, terms.divergence, student, teacher))
         return batch.rank_term(terms.loss), stats
 
     def _scores(self, loop: TrainingLoop, batch: RolloutBatch, active: list[int]
@@ -316,7 +319,8 @@ class SDPOObjective(Objective):
     def _zero_stats(batch: RolloutBatch) -> dict[str, float]:
         """The statistics of rows without a loss: a zero share of each (the EOS ones only when
         some rank has a supervised response that ended)."""
-        keys = ["teacher_kl", "divergence_mean", "importance_weight_mean"]
+        keys = ["teacher_kl", "divergence_mean", "importance_weight_mean",
+                *(f"divergence_{k}" for k in KINDS)]
         if batch.extra["stops_total"]:
             keys += ["student_eos_prob", "teacher_eos_prob"]
         return dict.fromkeys(keys, 0.0)

@@ -343,7 +343,8 @@ def test_statistics_of_a_rank_without_a_loss_are_a_zero_share_and_eos_a_global_m
     batch.world, batch.extra = 2, {"stops_total": 3}
     batch.rank_term = lambda mean: mean * 2
     assert SDPOObjective._zero_stats(batch) == dict.fromkeys(
-        ["teacher_kl", "divergence_mean", "importance_weight_mean", "student_eos_prob",
+        ["teacher_kl", "divergence_mean", "importance_weight_mean", "divergence_disagree",
+         "divergence_answer", "divergence_eos", "divergence_rest", "student_eos_prob",
          "teacher_eos_prob"], 0.0)
     batch.extra["stops_total"] = 0
     assert "student_eos_prob" not in SDPOObjective._zero_stats(batch)
@@ -472,3 +473,33 @@ def test_one_step_of_each_variant_on_the_embedded_model(embedded, method, tmp_pa
     assert torch.isfinite(torch.tensor(step["loss"])) and step["grad_norm"] > 0
     assert step["teacher_active_fraction"] == 1.0 and report.counters["teacher_tokens"] > 0
     assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
+
+
+def test_the_divergence_is_split_by_kind_of_token_as_computed_by_hand() -> None:
+    """Two responses of three tokens; the first's last token is its EOS, the answer is each
+    one's last two tokens, teacher and student disagree at (0, 0) and (1, 2)."""
+    from types import SimpleNamespace
+
+    from clbench.api import DistillationScores
+    from clbench_methods.sdpo.attribution import divergence_parts
+
+    divergence = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 2.0]])
+    mask = torch.tensor([[True, True, True], [True, False, True]])
+    answer = torch.tensor([[False, True, False], [False, True, True]])
+    eos = torch.tensor([[False, False, True], [False, False, False]])
+    student = torch.zeros(2, 3, 4)
+    teacher = torch.zeros(2, 3, 4)
+    student[..., 0] = 1.0          # the student's likeliest: token 0 everywhere
+    teacher[..., 0] = 1.0
+    teacher[0, 0, 2] = 5.0         # the teacher's differs at (0, 0) and (1, 2)
+    teacher[1, 2, 3] = 5.0
+    batch = SimpleNamespace(extra={"token_kinds": {"answer": answer, "eos": eos}},
+                            token_mean=lambda per_token, ones: per_token.sum() / 5)
+    parts = divergence_parts(batch, [0, 1], mask, divergence,
+                             DistillationScores(torch.zeros(2, 3), student),
+                             DistillationScores(torch.zeros(2, 3), teacher))
+    # supervised divergence: 1 + 2 + 3 + 4 + 2 = 12 over 5 tokens
+    assert parts == pytest.approx({"divergence_answer": 2.0 / 5 + 2.0 / 5,  # (0,1), (1,2)
+                                   "divergence_eos": 3.0 / 5,               # (0,2)
+                                   "divergence_disagree": (1.0 + 2.0) / 5,  # (0,0), (1,2)
+                                   "divergence_rest": 4.0 / 5})             # (1,0)

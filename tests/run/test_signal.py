@@ -73,3 +73,15 @@ def test_bad_arguments_are_one_message(args: list[str], message: str) -> None:
     result = run_cli(["signal", "--suite", "smoke", "--method", "sft", "--device", "cpu", *args])
     assert result.exit_code == 2
     assert message in result.output
+
+
+def test_sdpo_reports_where_its_divergence_falls() -> None:
+    result = measure_signal(run_spec("smoke", "sdpo", device="cpu"), batches=2,
+                            validation_items=8)
+    shares = {k: v.mean for k, v in result.token_attribution.items()}
+    assert set(shares) == {"disagree", "answer", "eos", "rest"}
+    assert all(0.0 <= v <= 1.0 + 1e-6 for v in shares.values())
+    # the rest is what no other kind holds
+    assert shares["rest"] <= 1.0 - max(shares["answer"], shares["eos"], shares["disagree"]) + 1e-6
+    assert measure_signal(run_spec("smoke", "sft", device="cpu"),
+                          batches=2).token_attribution == {}  # no divergence to split
