@@ -6,11 +6,15 @@
 #            embedded model: evaluation of the starter's task columns and one step's rollouts;
 #   steps    seconds per step of each method on the embedded model: bf16 autocast over fp32
 #            weights (the default), bf16 weights, fp32;
+#   signal   `clbench signal` of each method on the embedded model at the start of each
+#            starter stage (SIGNAL_STAGES, default "1 2 3"; SIGNAL_BATCHES batches, default 8):
+#            is its update aligned with the way to right answers on validation items, before
+#            any grid is run;
 #   starter  the starter grid (5 methods x 2 seeds) as one `clbench sweep --jobs`, runs sharing
 #            the GPU, then the comparison table. A small model on a big GPU is bound by kernel
 #            launches, so runs side by side use the GPU far better than one after another.
 #
-#   benchmarks/gpu_check.sh OUT_DIR [smoke,engine,steps,starter]
+#   benchmarks/gpu_check.sh OUT_DIR [smoke,engine,steps,signal,starter]
 #
 # Environment: PYTHON (default python3), DEVICE (default cuda), STARTER_SUITE (default starter),
 # STARTER_TIMEOUT (seconds for the whole grid, default 3600), STARTER_SEEDS (default "0 1"), STARTER_SETS
@@ -20,7 +24,7 @@
 # precisions, comma-separated, default "bfloat16,bfloat16 --no-mixed,float32").
 set -uo pipefail
 OUT=${1:-runs/gpu-check}
-PHASES=${2:-smoke,engine,steps,starter}
+PHASES=${2:-smoke,engine,steps,signal,starter}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}
 read -r -a METHODS <<<"${METHODS:-sft grpo sdpo sdpo-cot stable-sdpo}"
@@ -73,6 +77,28 @@ if [[ $PHASES == *steps* ]]; then
         # shellcheck disable=SC2086  # "bfloat16 --no-mixed" is two words on purpose
         "$PY" benchmarks/step_time.py --device "$DEVICE" --dtype $precision --steps 3 \
             | tee "$OUT/steps-${precision// /}.md"
+    done
+fi
+
+if [[ $PHASES == *signal* ]]; then
+    for stage in ${SIGNAL_STAGES:-1 2 3}; do
+        for m in "${METHODS[@]}"; do
+            echo "== signal of $m at the start of starter stage $stage on $DEVICE"
+            OMP_NUM_THREADS=1 clbench signal --suite "${STARTER_SUITE:-starter}" --method "$m" \
+                --stage "$stage" --batches "${SIGNAL_BATCHES:-8}" --device "$DEVICE" --json \
+                >"$OUT/signal-$m-stage$stage.json" 2>"$OUT/signal-$m-stage$stage.log"
+            "$PY" - "$OUT/signal-$m-stage$stage.json" <<'EOF'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+except (OSError, ValueError):
+    print("  failed: see the .log beside it"); sys.exit()
+show = lambda k: f"{r[k]['mean']:+.3f} [{r[k]['low']:+.3f}, {r[k]['high']:+.3f}]"
+print("  alignment", show("alignment"), " adam", show("adam_alignment"),
+      " consistency", show("consistency"),
+      " forgetting", {k: round(v["mean"], 3) for k, v in r["forgetting_alignment"].items()})
+EOF
+        done
     done
 fi
 
