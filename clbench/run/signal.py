@@ -125,6 +125,7 @@ def measure_signal(run: RunSpec, stage: int = 1, batches: int = 5,
     for each in loop.all_hooks:
         each.on_stage_start(loop)
     eps = float(getattr(method.config, "adam_eps", 1e-8))
+    own = references[spec.name]
     updates, adam, stats = [], [], []
     with dist.autocast():
         for b in range(batches):
@@ -132,11 +133,11 @@ def measure_signal(run: RunSpec, stage: int = 1, batches: int = 5,
             batch, _ = loop.new_batch(b)
             gradient, batch_stats = _loss_gradient(loop, batch)
             stats.append(batch_stats)
-            updates.append(-gradient)
-            adam.append(-gradient / (gradient.abs() + eps))
-    own = references[spec.name]
-    per_batch = {"alignment": [_cosine(u, own) for u in updates],
-                 "adam_alignment": [_cosine(u, own) for u in adam]}
+            # Adam's first update, m / (sqrt(v) + eps) with both bias-corrected: the
+            # gradient's sign where it is not tiny (compared at once, not kept)
+            adam.append(_cosine(-gradient / (gradient.abs() + eps), own))
+            updates.append(gradient.neg_())
+    per_batch = {"alignment": [_cosine(u, own) for u in updates], "adam_alignment": adam}
     forgetting = {}
     for name, reference in references.items():
         if name != spec.name:
