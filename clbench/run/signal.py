@@ -26,8 +26,10 @@ first, the earlier stages are trained first, by the method, as in a run (no eval
 from __future__ import annotations
 
 import random
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from clbench.errors import UserError
@@ -106,12 +108,41 @@ def measure_signal(run: RunSpec, stage: int = 1, batches: int = 5,
     items = draw_items(run)
     on_step("loading the model")
     model, tokenizer = load_model(run, dist)
-    seed_everything(derive_seed(run.seed, "signal"))
+    with tempfile.TemporaryDirectory(prefix="clbench-signal-") as work:
+        setup = _Setup(run, method, addons, dist, items, model, tokenizer, Path(work))
+        return _measure(setup, stage, batches, validation_items, on_step)
+
+
+@dataclass
+class _Setup:
+    """What the measurement works with: the run, its method and add-ons as built, its
+    accelerator, drawn items, model, and a scratch folder for the stages' `work_dir`."""
+
+    run: RunSpec
+    method: Method
+    addons: Sequence[Any]
+    dist: Any
+    items: Any
+    model: Any
+    tokenizer: Any
+    work: Path
+
+    def context(self, index: int) -> StageContext:
+        """Stage `index`'s context as a run makes it, the RNGs seeded from (run seed, stage)."""
+        seed_everything(derive_seed(self.run.seed, index))
+        return _context(self, index)
+
+
+def _measure(setup: _Setup, stage: int, batches: int, validation_items: int,
+             on_step: Callable[[str], None]) -> SignalResult:
+    run, method, dist, items = setup.run, setup.method, setup.dist, setup.items
+    stages = run.training_stages()
+    context = setup.context
     for index in range(1, stage):  # the earlier stages, trained as in a run
         on_step(f"training stage {index} ({stages[index - 1].name})")
-        method.train_stage(_context(run, index, model, tokenizer, items, dist, addons))
+        method.train_stage(context(index))
     spec = stages[stage - 1]
-    ctx = _context(run, stage, model, tokenizer, items, dist, addons)
+    ctx = context(stage)
     references = {}
     for index in range(1, stage + 1):
         name = stages[index - 1].name
@@ -155,18 +186,18 @@ def measure_signal(run: RunSpec, stage: int = 1, batches: int = 5,
         token_attribution=_attribution(stats))
 
 
-def _context(run: RunSpec, index: int, model: Any, tokenizer: Any, items: Any, dist: Any,
-             addons: Sequence[Any]) -> StageContext:
-    import tempfile
-    from pathlib import Path
-
+def _context(setup: _Setup, index: int) -> StageContext:
+    run, items = setup.run, setup.items
     spec = run.training_stages()[index - 1]
-    return StageContext(model=model, tokenizer=tokenizer, task=items.stage_tasks[index - 1],
+    work_dir = setup.work / f"stage{index}"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    return StageContext(model=setup.model, tokenizer=setup.tokenizer,
+                        task=items.stage_tasks[index - 1],
                         train_examples=items.train_sets[index - 1], budget=spec.budget,
                         stage_index=index, stage_name=spec.name,
-                        seed=derive_seed(run.seed, f"stage{index}"), device=dist.device,
-                        work_dir=Path(tempfile.gettempdir()), dist=dist,
-                        generation=run.model.generation, tasks=items.tasks, addons=addons,
+                        seed=derive_seed(run.seed, index), device=setup.dist.device,
+                        work_dir=work_dir, dist=setup.dist, generation=run.model.generation,
+                        tasks=items.tasks, addons=setup.addons,
                         nonfinite_loss=run.suite.protocol.nonfinite_loss)
 
 
