@@ -117,6 +117,12 @@ def _print(result: Any) -> None:
                     "rest": "every other token (style, working)"}
         for kind, value in result.token_attribution.items():
             row(f"divergence share: {escape(kind)}", value, meanings.get(kind, ""))
+        for kind, value in result.gradient_share.items():
+            row(f"gradient share: {escape(kind)}", value,
+                "gradient norm of the loss on these tokens alone, over the whole one's")
+        for kind, value in result.alignment_by_kind.items():
+            row(f"alignment: {escape(kind)}", value,
+                "alignment of the update these tokens alone make")
     console.print(table)
     if result.silent_batches:
         console.print(f"[yellow]{result.silent_batches} of {result.batches} batches had no "

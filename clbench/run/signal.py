@@ -17,7 +17,10 @@ validation items (the training split after the stage's training items, as
   alignment near 0: a fixed direction unrelated to correctness, which Adam accumulates);
 - `token_attribution`, for the SDPO family: the share of the divergence on tokens where teacher
   and student disagree about the most likely token, on answer tokens, on the closing EOS and on
-  the rest.
+  the rest; `gradient_share`, the norm of the gradient of the loss kept to each kind of token
+  (its normaliser unchanged) over the whole loss's; and `alignment_by_kind`, that part's
+  update's cosine with the validation direction (does the signal on those tokens alone point
+  towards right answers).
 
 Each is a mean over the batches with a bootstrap interval over batches. For a stage after the
 first, the earlier stages are trained first, by the method, as in a run (no evaluation).
@@ -76,6 +79,11 @@ class SignalResult:
     #: For a distillation method: the share of its divergence on each kind of token
     #: (`disagree`, `answer`, `eos`, `rest`), over batches.
     token_attribution: dict[str, Interval] = field(default_factory=dict)
+    #: For a distillation method: per kind of token, the norm of the gradient of its loss kept
+    #: to those tokens over the whole loss's, and the cosine of that part's update with the
+    #: validation direction, over the batches with a gradient.
+    gradient_share: dict[str, Interval] = field(default_factory=dict)
+    alignment_by_kind: dict[str, Interval] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {"method": self.method, "stage": self.stage, "batches": self.batches,
@@ -87,6 +95,8 @@ class SignalResult:
                                          for k, v in self.forgetting_alignment.items()},
                 "silent_batches": self.silent_batches,
                 "token_attribution": {k: v.as_json() for k, v in self.token_attribution.items()},
+                "gradient_share": {k: v.as_json() for k, v in self.gradient_share.items()},
+                "alignment_by_kind": {k: v.as_json() for k, v in self.alignment_by_kind.items()},
                 "per_batch": self.per_batch}
 
 
@@ -158,6 +168,7 @@ def _measure(setup: _Setup, stage: int, batches: int, validation_items: int,
     eps = float(getattr(method.config, "adam_eps", 1e-8))
     own = references[spec.name]
     updates, adam, stats = [], [], []
+    by_kind: dict[str, list[float]] = {}
     with dist.autocast():
         for b in range(batches):
             on_step(f"batch {b + 1} of {batches}")
@@ -167,8 +178,11 @@ def _measure(setup: _Setup, stage: int, batches: int, validation_items: int,
             # Adam's first update, m / (sqrt(v) + eps) with both bias-corrected: the
             # gradient's sign where it is not tiny (compared at once, not kept)
             adam.append(_cosine(-gradient / (gradient.abs() + eps), own))
+            for key, value in _kind_gradients(loop, batch, batch_stats, gradient, own).items():
+                by_kind.setdefault(key, []).append(value)
             updates.append(gradient.neg_())
-    per_batch = {"alignment": [_cosine(u, own) for u in updates], "adam_alignment": adam}
+    per_batch = {"alignment": [_cosine(u, own) for u in updates], "adam_alignment": adam,
+                 **by_kind}
     forgetting = {}
     for name, reference in references.items():
         if name != spec.name:
@@ -183,7 +197,11 @@ def _measure(setup: _Setup, stage: int, batches: int, validation_items: int,
         adam_alignment=_interval(per_batch["adam_alignment"]),
         consistency=_pairwise_interval(pairs), forgetting_alignment=forgetting,
         per_batch=per_batch, silent_batches=sum(1 for u in updates if not bool(u.any())),
-        token_attribution=_attribution(stats))
+        token_attribution=_attribution(stats),
+        gradient_share={k.split(":")[1]: _interval(v) for k, v in by_kind.items()
+                        if k.startswith("gradient_share:")},
+        alignment_by_kind={k.split(":")[1]: _interval(v) for k, v in by_kind.items()
+                           if k.startswith("alignment_by_kind:")})
 
 
 def _context(setup: _Setup, index: int) -> StageContext:
@@ -252,6 +270,29 @@ def _loss_gradient(loop: Any, batch: Any) -> tuple[Any, dict[str, float]]:
     if not torch.isfinite(gradient).all():
         raise UserError("the method's loss gave a gradient that is not finite on a batch")
     return gradient, sums
+
+
+def _kind_gradients(loop: Any, batch: Any, stats: dict[str, float], gradient: Any,
+                    own: Any) -> dict[str, float]:
+    """For a batch whose loss splits its divergence by kind of token (and has a gradient): each
+    kind's gradient norm over the whole one (`gradient_share:<kind>`) and its update's cosine
+    with the validation direction (`alignment_by_kind:<kind>`), the loss kept to those tokens
+    through the batch's `loss_token_kind`."""
+    total = float(gradient.norm())
+    kinds = [key[len(ATTRIBUTION_PREFIX):] for key in stats
+             if key.startswith(ATTRIBUTION_PREFIX) and key != "divergence_mean"]
+    if total == 0 or not kinds or not hasattr(batch, "loss_token_kind"):
+        return {}
+    measured = {}
+    try:
+        for kind in kinds:
+            batch.loss_token_kind = kind
+            part, _ = _loss_gradient(loop, batch)
+            measured[f"gradient_share:{kind}"] = float(part.norm()) / total
+            measured[f"alignment_by_kind:{kind}"] = _cosine(part.neg_(), own)
+    finally:
+        batch.loss_token_kind = None
+    return measured
 
 
 #: A distillation method's step statistics that split its divergence by kind of token

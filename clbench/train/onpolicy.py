@@ -102,6 +102,11 @@ class RolloutBatch(StepBatch):
     extra: dict[str, Any] = field(default_factory=dict)  # what the objective prepares
     # [N, T] or [N, 1]: the sampler correction's weights, when another engine drew the rollouts
     sampler_weights: torch.Tensor | None = None
+    #: When set, a distillation objective's loss keeps only this kind of token (`disagree`,
+    #: `answer`, `eos` or `rest`, as its divergence attribution names them), its normaliser
+    #: unchanged: `clbench signal` takes each kind's part of the gradient this way. Never set
+    #: by a run.
+    loss_token_kind: str | None = None
 
     @property
     def size(self) -> int:

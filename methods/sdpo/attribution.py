@@ -41,13 +41,12 @@ def token_kinds(ctx: Any, batch: Any) -> dict[str, torch.Tensor]:
     return {"answer": answer, "eos": eos}
 
 
-def divergence_parts(batch: Any, active: list[int], mask: torch.Tensor,
-                     divergence: torch.Tensor, student: DistillationScores,
-                     teacher: DistillationScores) -> dict[str, float]:
-    """Each kind's part of the step's divergence mean, as this rank's term (`disagree` only
-    when the loss compares distributions: not for ``sampled_token``)."""
+def kind_masks(batch: Any, active: list[int], mask: torch.Tensor, student: DistillationScores,
+               teacher: DistillationScores) -> dict[str, torch.Tensor]:
+    """Each kind's tokens among `active` rows, shaped and placed as their supervision `mask`
+    ([A, T] bool; `disagree` only when the loss compares distributions: not for
+    ``sampled_token``)."""
     length = mask.shape[1]
-    per_token = divergence.detach() * mask
     kinds = {k: batch.extra["token_kinds"][k][active][:, :length].to(mask.device)
              for k in ("answer", "eos")}
     if student.logprobs is not None and teacher.logprobs is not None:
@@ -56,6 +55,23 @@ def divergence_parts(batch: Any, active: list[int], mask: torch.Tensor,
     for value in kinds.values():
         known |= value
     kinds["rest"] = ~known
+    return kinds
+
+
+def restricted(batch: Any, kinds: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """`mask` kept to the batch's `loss_token_kind` when one is set (`clbench signal`'s
+    per-kind gradients); a kind this loss cannot tell (`disagree` under ``sampled_token``)
+    keeps nothing."""
+    kind = batch.loss_token_kind
+    if kind is None:
+        return mask
+    return mask & kinds[kind] if kind in kinds else torch.zeros_like(mask)
+
+
+def divergence_parts(batch: Any, kinds: dict[str, torch.Tensor], mask: torch.Tensor,
+                     divergence: torch.Tensor) -> dict[str, float]:
+    """Each kind's part of the step's divergence mean, as this rank's term."""
+    per_token = divergence.detach() * mask
     ones = torch.ones_like(per_token)
     return {f"divergence_{k}": float(batch.token_mean(per_token * v, ones))
             for k, v in kinds.items()}

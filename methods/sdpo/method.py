@@ -47,7 +47,13 @@ from clbench.api import (
     sdpo_loss,
     seeded_rng,
 )
-from clbench_methods.sdpo.attribution import KINDS, divergence_parts, token_kinds
+from clbench_methods.sdpo.attribution import (
+    KINDS,
+    divergence_parts,
+    kind_masks,
+    restricted,
+    token_kinds,
+)
 from clbench_methods.sdpo.supervision import Supervision, completion_supervision, random_token_mask
 from clbench_methods.sdpo.teacher import (
     FeedbackMode,
@@ -111,8 +117,9 @@ class SDPOConfig(OnPolicySettings):
     supervision: Supervision = Field(
         default="response",
         description="Which completion tokens get a target: `response` "
-        "(everything after the reasoning block `</think>`, the whole completion without one; "
-        "the reference), `all` (reasoning included; SDPO-CoT) or `final_line` (the task's "
+        "(everything after the reasoning block `</think>`, the whole completion without one: "
+        "the paper's SDPO), `all` (reasoning included: the paper's SDPO^CoT, and the span the "
+        "reference code supervises, its whole response mask) or `final_line` (the task's "
         "answer line only, e.g. the `\\boxed{}` line: an ablation).")
     supervise_eos: bool = Field(default=True, description="Give the end-of-sequence token that "
                                 "closes a completion a target (the references do); off, the "
@@ -267,6 +274,8 @@ class SDPOObjective(Objective):
         student, teacher = self._scores(loop, batch, active)
         length = student.token_logprobs.shape[1]  # the longest of these rows' completions
         mask = supervised[active][:, :length]
+        kinds = kind_masks(batch, active, mask, student, teacher)
+        mask = restricted(batch, kinds, mask)
         old = None if batch.old_logprobs is None else \
             batch.old_logprobs[active][:, :length].to(student.token_logprobs.device)
         sampled = batch.sampler_weights_of(active, length, mask.device)
@@ -282,7 +291,7 @@ class SDPOObjective(Objective):
                  "divergence_mean": float(batch.token_mean(terms.divergence.detach(), mask)),
                  "importance_weight_mean": float(batch.token_mean(terms.weight, mask))}
         stats.update(self._stop_probabilities(batch, active, student, teacher))
-        stats.update(divergence_parts(batch, active, mask, terms.divergence, student, teacher))
+        stats.update(divergence_parts(batch, kinds, mask, terms.divergence))
         return batch.rank_term(terms.loss), stats
 
     def _scores(self, loop: TrainingLoop, batch: RolloutBatch, active: list[int]

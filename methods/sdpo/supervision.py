@@ -13,11 +13,13 @@ including a token that straddles the boundary (``" 37"`` when ``a`` points at ``
 that ends exactly at ``a`` (``</think>`` itself, the newline before the last line) is not.
 ``a = 0`` supervises the whole completion.
 
-- ``response`` (SDPO, as the paper and the reference define it): ``a`` = just after the last
+- ``response`` (the paper's SDPO, which supervises the answer): ``a`` = just after the last
   ``</think>``; a completion without one is all response (``a = 0``), unless its prompt opened
   the block (the `think` format, reasoning models' templates): then all of it is reasoning
   (``a = len(text)``). The reasoning block gets no target, everything after it does.
-- ``all`` (SDPO-CoT): every token of the completion, reasoning included (``a = 0``).
+- ``all`` (the paper's SDPO^CoT): every token of the completion, reasoning included (``a = 0``).
+  This is the span the reference code (lasgroup/SDPO) supervises for SDPO itself: its loss
+  mask is the whole generated response; the paper's answer-only SDPO has no public code.
 - ``final_line`` (an ablation; earlier runs recorded it as ``answer``): ``a`` = the task's
   answer start, ``task.answer_start_for(example)(text)`` (after ``</think>``, else the start of
   the last non-empty line; math starts at the line holding the last ``\boxed``, tool use at the

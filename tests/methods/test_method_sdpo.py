@@ -481,7 +481,7 @@ def test_the_divergence_is_split_by_kind_of_token_as_computed_by_hand() -> None:
     from types import SimpleNamespace
 
     from clbench.api import DistillationScores
-    from clbench_methods.sdpo.attribution import divergence_parts
+    from clbench_methods.sdpo.attribution import divergence_parts, kind_masks
 
     divergence = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 2.0]])
     mask = torch.tensor([[True, True, True], [True, False, True]])
@@ -494,12 +494,54 @@ def test_the_divergence_is_split_by_kind_of_token_as_computed_by_hand() -> None:
     teacher[0, 0, 2] = 5.0         # the teacher's differs at (0, 0) and (1, 2)
     teacher[1, 2, 3] = 5.0
     batch = SimpleNamespace(extra={"token_kinds": {"answer": answer, "eos": eos}},
-                            token_mean=lambda per_token, ones: per_token.sum() / 5)
-    parts = divergence_parts(batch, [0, 1], mask, divergence,
-                             DistillationScores(torch.zeros(2, 3), student),
-                             DistillationScores(torch.zeros(2, 3), teacher))
+                            token_mean=lambda per_token, ones: per_token.sum() / 5,
+                            loss_token_kind=None)
+    kinds = kind_masks(batch, [0, 1], mask, DistillationScores(torch.zeros(2, 3), student),
+                       DistillationScores(torch.zeros(2, 3), teacher))
+    parts = divergence_parts(batch, kinds, mask, divergence)
     # supervised divergence: 1 + 2 + 3 + 4 + 2 = 12 over 5 tokens
     assert parts == pytest.approx({"divergence_answer": 2.0 / 5 + 2.0 / 5,  # (0,1), (1,2)
                                    "divergence_eos": 3.0 / 5,               # (0,2)
                                    "divergence_disagree": (1.0 + 2.0) / 5,  # (0,0), (1,2)
                                    "divergence_rest": 4.0 / 5})             # (1,0)
+
+
+def test_a_loss_restricted_to_one_kind_of_token_keeps_only_those_supervised_tokens() -> None:
+    """`clbench signal` takes each kind's part of the gradient by restricting the mask."""
+    from types import SimpleNamespace
+
+    from clbench_methods.sdpo.attribution import restricted
+
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    kinds = {"answer": torch.tensor([[False, True, True], [False, False, True]]),
+             "rest": torch.tensor([[True, False, False], [True, True, False]])}
+    assert torch.equal(restricted(SimpleNamespace(loss_token_kind=None), kinds, mask), mask)
+    assert restricted(SimpleNamespace(loss_token_kind="answer"), kinds, mask).tolist() == \
+        [[False, True, False], [False, False, True]]
+    # a kind the loss cannot tell (disagreement under sampled_token) keeps nothing
+    assert not restricted(SimpleNamespace(loss_token_kind="disagree"), kinds, mask).any()
+
+
+def test_the_parts_of_a_loss_kept_to_complementary_tokens_add_up_to_the_loss() -> None:
+    """With the normaliser fixed (the batch's token count, as the method passes it), the loss
+    kept to some tokens and the loss kept to the others sum to the whole: each kind's gradient
+    is that kind's part of the step's gradient."""
+    from clbench.api import DistillationScores, sdpo_loss
+
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 5, requires_grad=True)
+    student = torch.log_softmax(logits, -1)
+    teacher = torch.log_softmax(torch.randn(2, 3, 5), -1)
+    picked = torch.tensor([[1, 0, 4], [2, 2, 3]]).unsqueeze(-1)
+    scores = DistillationScores(student.gather(-1, picked).squeeze(-1), student)
+    target = DistillationScores(teacher.gather(-1, picked).squeeze(-1), teacher)
+    mask = torch.tensor([[True, True, True], [True, False, True]])
+    some = torch.tensor([[True, False, True], [False, False, True]])
+
+    def loss(kept: torch.Tensor) -> torch.Tensor:
+        return sdpo_loss(scores, target, kept, divergence="full", normalizer=5).loss
+
+    whole, part, rest = loss(mask), loss(mask & some), loss(mask & ~some)
+    assert float((part + rest).detach()) == pytest.approx(float(whole.detach()))
+    grads = [torch.autograd.grad(x, logits, retain_graph=True)[0] for x in (whole, part, rest)]
+    assert torch.allclose(grads[1] + grads[2], grads[0], atol=1e-6)

@@ -83,5 +83,10 @@ def test_sdpo_reports_where_its_divergence_falls() -> None:
     assert all(0.0 <= v <= 1.0 + 1e-6 for v in shares.values())
     # the rest is what no other kind holds
     assert shares["rest"] <= 1.0 - max(shares["answer"], shares["eos"], shares["disagree"]) + 1e-6
+    # and each kind's part of the gradient: its norm relative to the whole and its direction
+    assert set(result.gradient_share) == set(shares) == set(result.alignment_by_kind)
+    assert all(v.mean >= 0.0 for v in result.gradient_share.values())
+    assert all(-1.0 <= v.mean <= 1.0 for v in result.alignment_by_kind.values())
+    assert len(result.per_batch["gradient_share:answer"]) == 2 - result.silent_batches
     assert measure_signal(run_spec("smoke", "sft", device="cpu"),
                           batches=2).token_attribution == {}  # no divergence to split
