@@ -1,6 +1,6 @@
 """The measurements behind docs/findings.md, from complete runs of one suite.
 
-    python benchmarks/findings.py results/starter-3seeds/*.json
+    python benchmarks/findings.py leaderboard/results/starter/*.json
 
 Prints, as Markdown, one row per run (scores, tokens trained, cost, provenance), then one table per
 claim of the paper (docs/findings.md has the claims): the methods' means over seeds, and for the

@@ -51,9 +51,9 @@ from clbench.text import printable
 if TYPE_CHECKING:
     import torch
 
-RESULTS_SCHEMA_VERSION = "1.5"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined);
+RESULTS_SCHEMA_VERSION = "1.6"  # 1.1: `joint`; 1.2: a cell's score may be null (undefined);
 # 1.3: `method.git_revision`; 1.4: `addons`, no `drift` (always empty); 1.5: `defaults` of the
-# method and of each add-on
+# method and of each add-on; 1.6: `examples`
 RESULTS_FILENAME = "results.json"
 
 RunStatus = Literal["complete", "partial", "failed", "collapsed"]
@@ -125,6 +125,20 @@ class Cell(Record):
         if self.ci_low is not None and self.ci_high is not None and self.ci_low > self.ci_high:
             raise ValueError(f"ci_low {self.ci_low} is above ci_high {self.ci_high}")
         return self
+
+
+#: Bounds of `examples`: completions per column and characters per completion.
+EXAMPLES_PER_COLUMN = 2
+EXAMPLE_CHARS = 1500
+
+
+class ExampleCompletion(Record):
+    """One graded completion of the last row, as published beside the numbers."""
+
+    id: str = Field(max_length=200)
+    completion: str = Field(max_length=EXAMPLE_CHARS, description="The completion, cut to "
+                            f"{EXAMPLE_CHARS} characters.")
+    correct: bool
 
 
 class MetricValue(Record):
@@ -253,6 +267,10 @@ class RunResult(Record):
     stages: list[StageRecord] = Field(default_factory=list)
     artifacts: dict[str, Any] = Field(default_factory=dict)
     compute: Compute = Field(default_factory=Compute)
+    examples: dict[str, list[ExampleCompletion]] = Field(
+        default_factory=dict, description="Per column, a few graded completions of the last "
+        f"row (at most {EXAMPLES_PER_COLUMN}: a right and a wrong one where both exist), so a "
+        "published result shows what its numbers are made of.")
 
     @model_validator(mode="after")
     def _consistent_shape(self) -> RunResult:
@@ -270,6 +288,10 @@ class RunResult(Record):
             if len(row) != len(self.columns):
                 raise ValueError(f"matrix row {i} has {len(row)} cells for {len(self.columns)} "
                                  "columns")
+        for column, shown in self.examples.items():
+            if column not in names or len(shown) > EXAMPLES_PER_COLUMN:
+                raise ValueError(f"examples of {column!r}: at most {EXAMPLES_PER_COLUMN} "
+                                 "completions of one of the run's columns")
         rows = 2 if self.joint else n_stages + 1
         if self.status == "complete" and len(self.matrix) != rows:
             raise ValueError(f"a complete run has {rows} rows of R (the base row and one per "

@@ -22,7 +22,7 @@ def main(site: Path, out: Path) -> None:
 
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium") or "chromium"
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1920,1000",
                  "--hide-scrollbars", "--force-device-scale-factor=1"):
         options.add_argument(flag)
     browser = webdriver.Chrome(service=Service(shutil.which("chromedriver") or "chromedriver"),
@@ -32,7 +32,7 @@ def main(site: Path, out: Path) -> None:
         browser.get((site / "index.html").resolve().as_uri())
         browser.save_screenshot(str(out / "leaderboard-index.png"))
         browser.find_element(By.CSS_SELECTOR, "table.board tbody tr td a").click()
-        browser.set_window_size(1400, 1500)
+        browser.set_window_size(1920, 1500)
         browser.save_screenshot(str(out / "leaderboard-entry.png"))
     finally:
         browser.quit()

@@ -41,6 +41,9 @@ def build_command(results: tuple[str, ...], out: str, strict: bool) -> None:
     console = stdout_console()
     for problem in problems:
         console.print(f"[yellow]skipped[/] {escape(problem)}", soft_wrap=True)
+    for run in data["left_out"]:
+        console.print(f"[dim]not ranked[/] {escape(run['source'])}: {escape(run['why'])}",
+                      soft_wrap=True)
     entries = sum(len(s["entries"]) for s in data["suites"])
     console.print(f"wrote {escape(out)}: {len(data['suites'])} suite(s), {entries} entries "
                   f"(open {escape(out)}/index.html, or `clbench leaderboard serve {escape(out)}`)",

@@ -12,13 +12,11 @@ lm-eval probes (general ability) are scored by :mod:`clbench.eval.lmeval` instea
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from clbench.atomic import atomic_write_text
+from clbench.eval.records import ItemRecord
 from clbench.metrics.aggregate import wilson_interval
 from clbench.tasks.base import Example, Messages, TaskSource, grade_all
 
@@ -40,19 +38,6 @@ class Completion:
 #: Generates one completion per chat prompt, in order: its text, or a :class:`Completion`
 #: (what :func:`make_generate_fn` gives, so records say which responses never ended).
 GenerateFn = Callable[[Sequence[Messages]], Sequence["str | Completion"]]
-
-
-@dataclass(frozen=True)
-class ItemRecord:
-    """One graded evaluation item: enough to re-check any cell by hand."""
-
-    id: str
-    completion: str
-    reward: float
-    correct: bool
-    feedback: str | None = None
-    tokens: int | None = None      # completion tokens (None: not known, e.g. lm-eval)
-    finished: bool | None = None   # ended before the token cap (None: not known)
 
 
 @dataclass
@@ -164,24 +149,3 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
                 for r in generator.generate(list(prompts), call)]
 
     return generate
-
-
-# ---------------------------------------------------------------------------------------------
-# Per-item records on disk: one JSONL file per (row, column)
-# ---------------------------------------------------------------------------------------------
-
-def records_path(run_dir: Path, row: int, column: str) -> Path:
-    """`<run_dir>/items/row{row}/{column}.jsonl`."""
-    return Path(run_dir) / "items" / f"row{row}" / f"{column}.jsonl"
-
-
-def write_records(path: Path, records: Sequence[ItemRecord]) -> None:
-    """Write the records as JSONL atomically (a reader never sees half a file)."""
-    atomic_write_text(path, "".join(json.dumps(asdict(rec), ensure_ascii=False) + "\n"
-                                    for rec in records))
-
-
-def read_records(path: Path) -> list[ItemRecord]:
-    """Read records written by :func:`write_records`."""
-    with open(path, encoding="utf-8") as fh:
-        return [ItemRecord(**json.loads(line)) for line in fh if line.strip()]

@@ -23,8 +23,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clbench.eval.column import CellResult, ItemRecord, summarise_cell
+from clbench.eval.column import CellResult, summarise_cell
 from clbench.eval.lmeval_tasks import OFFLINE_TASK, LmEvalProbeError, prepared_tasks
+from clbench.eval.records import ItemRecord
 
 if TYPE_CHECKING:
     from clbench.spec.schema import LmEvalProbe

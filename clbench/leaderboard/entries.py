@@ -25,9 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from clbench.errors import UserError
+from clbench.leaderboard.ranking import rank_entries
 from clbench.metrics.aggregate import SeedSummary, mean_of_numbers, seed_interval, summarise
 from clbench.report.comparison import (
     addon_settings_in_force,
+    code_version,
     comparison_groups,
     metric_order,
     settings_in_force,
@@ -147,24 +149,14 @@ def _diagnostics(runs: Sequence[RunResult]) -> list[dict[str, Any]]:
     return out
 
 
-def _examples(where: Path, result: RunResult, per_column: int = 2) -> list[dict[str, Any]]:
-    """A few completions of the last row, when the run folder with its item records is there."""
-    folder = where if where.is_dir() else where.parent
-    row = len(result.matrix) - 1
-    out = []
-    for column in result.columns:
-        path = folder / "items" / f"row{row}" / f"{column.name}.jsonl"
-        if not path.is_file() or row < 1:
-            continue
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()[:per_column]
-            records = [json.loads(line) for line in lines if line.strip()]
-        except (OSError, ValueError):
-            continue
-        out += [{"column": column.name, "id": str(r.get("id")),
-                 "completion": str(r.get("completion", ""))[:2000],
-                 "correct": bool(r.get("correct"))} for r in records if isinstance(r, dict)]
-    return out
+def _examples(where: Path, result: RunResult) -> list[dict[str, Any]]:
+    """A few graded completions of the last row: those the results file carries (schema 1.6),
+    else the run folder's item records when they lie beside the file."""
+    from clbench.eval.records import examples_of
+
+    shown = result.examples or examples_of(where if where.is_dir() else where.parent, result)
+    return [{"column": column, "id": x.id, "completion": x.completion, "correct": x.correct}
+            for column, xs in shown.items() for x in xs]
 
 
 def _provenance(result: RunResult) -> dict[str, Any]:
@@ -181,6 +173,7 @@ def _provenance(result: RunResult) -> dict[str, Any]:
             "addons": [{"name": a.name, "distribution": a.distribution, "version": a.version}
                        for a in result.addons],
             "created": result.created.isoformat(), "updated": result.updated.isoformat(),
+            "suite_version": result.suite.get("version"),
             "command": f"clbench run --suite {result.suite.get('name')} --method "
                        f"{result.method.name} --seed {result.seed}"
                        + "".join(f" {s}" for s in sets)}
@@ -200,6 +193,7 @@ def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[s
     hardware = sorted({(r.compute.device or "unrecorded").split(":")[0] for r in results})
     tokens = [sum(r.compute.tokens.values()) for r in results]
     diagnostics = _diagnostics(results)
+    diagnosed = any(r.stages and any(s.diagnostics for s in r.stages) for r in results)
     settings = settings_in_force(first)
     return {
         "id": _slug(suite, model_name(first), label), "suite": suite, "label": label,
@@ -208,10 +202,13 @@ def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[s
         "addons": [{"name": a.name, "config": a.config} for a in first.addons],
         "seeds": [r.seed for r in results], "n": len(results), "metrics": metrics,
         "matrix": _matrix(results), "diagnostics": diagnostics,
-        "diagnosed": any(r.stages and any(s.diagnostics for s in r.stages) for r in results),
+        "diagnosed": diagnosed,
         "flags": {"collapsed": any(r.status == "collapsed" for r in results)
                   or any(d["collapsed_seeds"] for d in diagnostics),
-                  "amplified": any(d["amplified"] for d in diagnostics)},
+                  "amplified": any(d["amplified"] for d in diagnostics),
+                  "not_measured": not diagnosed,
+                  "mixed_code": len({code_version(r) for r in results}) > 1},
+        "code": sorted({code_version(r) for r in results}),
         "compute": {"tokens": mean_of_numbers(tokens), "wall_time_s": mean_of_numbers(
                         [r.compute.wall_time_s or None for r in results]),
                     "hardware": hardware, "peak_memory_bytes": max(
@@ -225,47 +222,118 @@ def _entry(suite: str, label: str, runs: list[tuple[Path, RunResult]]) -> dict[s
 
 def board(found: Sequence[tuple[Path, RunResult]], problems: list[str] | None = None
           ) -> dict[str, Any]:
-    """`{"suites": [{key, name, version, hash, stages, columns, entries: [...]}]}`: every
-    complete run in `found` in its suite's entry (collapsed runs count: a method that collapses
-    is ranked, not hidden), entries ranked by ACC. A second run of one entry's seed, or an
-    entry whose files cannot be shown, is left out and said in `problems`: one bad file never
-    takes the board down."""
+    """`{"suites": [...], "left_out": [...]}`: every complete run in `found` in its suite's
+    entry (collapsed runs count: a method that collapses is ranked, not hidden), with honest
+    ranks (:mod:`.ranking`); the runs that are not shown, each with why (`left_out`). Suites
+    are told apart by their hash as recorded, and one superseded by a later version or hash of
+    the same suite says so. A second run of one entry's seed, or an entry whose files cannot
+    be shown, is left out and said in `problems`: one bad file never takes the board down."""
     problems = [] if problems is None else problems
     contenders = [(p, r) for p, r in found if r.status in ("complete", "collapsed")
                   and not r.joint]
+    ranked = {id(r) for _, r in contenders}
+    left_out = [_left_out(p, r) for p, r in found if id(r) not in ranked]
     complete = [(p, r.model_copy(update={"status": "complete"})) for p, r in contenders]
     by_model: dict[str, list[tuple[Path, RunResult]]] = {}
     for path, result in complete:
         by_model.setdefault(model_name(result), []).append((path, result))
     original = {id(c[1]): o[1] for c, o in zip(complete, contenders)}
     suites: dict[str, dict[str, Any]] = {}
+    shown: dict[str, list[RunResult]] = {}
     for _, runs in sorted(by_model.items(), key=lambda item: item[0]):
         where = {id(r): p for p, r in runs}
-        for suite, labels in comparison_groups(runs, problems).items():
+        groups = comparison_groups(runs, problems, suite_hash=lambda r: r.suite_hash)
+        for suite, labels in groups.items():
             info = suites.setdefault(suite, _suite_info(suite, next(iter(labels.values()))[0]))
             for label, results in sorted(labels.items()):
                 restored = [(where[id(r)], original[id(r)]) for r in results]
                 try:
-                    info["entries"].append(_entry(suite, label, restored))
+                    entry = _entry(suite, label, restored)
                 except (ValueError, TypeError, KeyError, AttributeError, ZeroDivisionError) as exc:
                     files = ", ".join(str(p) for p, _ in restored)
                     problems.append(f"{files}: left out, {label} cannot be shown "
                                     f"({type(exc).__name__}: {exc})")
+                    continue
+                info["entries"].append(entry)
+                info["latest"] = max([info["latest"], *(r.updated for r in results)])
+                shown[entry["id"]] = results
     for info in suites.values():
-        info["entries"].sort(key=lambda e: (-(e["metrics"].get("acc", {}).get("mean") or -1),
+        rank_entries(info["entries"], shown, INDEX_METRICS)
+        info["entries"].sort(key=lambda e: (e["rank"] or len(info["entries"]) + 1,
+                                            -(e["metrics"].get("acc", {}).get("mean") or -1),
                                             e["label"], e["model"]))
-        for rank, entry in enumerate(info["entries"], 1):
-            entry["rank"] = rank
         info["metric_variants"] = _variants(info["entries"])
-    return {"suites": [suites[k] for k in sorted(suites)]}
+    _mark_superseded(list(suites.values()))
+    ordered = sorted(suites.values(), key=lambda s: (s["superseded"], str(s["name"]),
+                                                     -s["latest"].timestamp()))
+    for info in ordered:
+        info["latest"] = info["latest"].isoformat()
+    return {"suites": ordered, "left_out": left_out}
+
+
+def _left_out(where: Path, result: RunResult) -> dict[str, Any]:
+    """A run the board does not rank, and why."""
+    if result.joint:
+        why = "a joint reference run (every stream task at once): a reference, not ranked"
+    elif result.status == "failed":
+        why = f"failed: {result.error or 'no reason recorded'}"
+    else:
+        rows = 1 + sum(c.kind == "stream" for c in result.columns)
+        why = (f"{result.status}: {len(result.matrix)} of {rows} rows of the accuracy matrix; "
+               "an entry averages complete runs only")
+    return {"source": str(where), "suite": result.suite.get("name"),
+            "version": result.suite.get("version"), "entry": result.entry_name(),
+            "seed": result.seed, "status": result.status, "why": why}
 
 
 def _suite_info(key: str, result: RunResult) -> dict[str, Any]:
+    """A suite's header: as recorded, and as this installation ships it when it knows the
+    suite by name (`current`: its version, hash and description)."""
+    current = _current_suite(str(result.suite.get("name")))
+    recorded = {"version": result.suite.get("version"), "hash": result.suite_hash,
+                "description": result.suite.get("description") or ""}
+    is_current = current is not None and current["hash"] == result.suite_hash
     return {"key": key, "id": _slug(key, str(result.suite.get("name"))),
-            "name": result.suite.get("name"), "version": result.suite.get("version"),
-            "hash": result.suite_hash, "description": result.suite.get("description") or "",
+            "name": result.suite.get("name"), **recorded, "recorded": recorded,
+            "current": current, "is_current": is_current,
+            "description": current["description"] if is_current else recorded["description"],
             "stages": [s.get("name") for s in result.suite.get("stages", [])],
-            "entries": []}
+            "entries": [], "superseded": False, "latest": result.updated}
+
+
+def _current_suite(name: str) -> dict[str, Any] | None:
+    """The suite `name` as this installation ships it (a named suite only: a results file's
+    suite name is never read as a path), or None."""
+    from clbench.spec.suites import list_suites, load_suite
+
+    try:
+        if name not in {info.name for info in list_suites()}:
+            return None
+        spec = load_suite(name)
+    except (UserError, ValueError, OSError):
+        return None
+    return {"version": spec.version, "hash": spec.content_hash(),
+            "description": spec.description or ""}
+
+
+def _mark_superseded(suites: list[dict[str, Any]]) -> None:
+    """Of the suites of one name, the one at the current hash (else the newest version, then
+    the latest runs) leads; the others are `superseded`, with the lead's version and hash."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for info in suites:
+        by_name.setdefault(str(info["name"]), []).append(info)
+    for group in by_name.values():
+        lead = max(group, key=lambda s: (s["is_current"], _version_key(s["version"]),
+                                         s["latest"]))
+        for info in group:
+            info["superseded"] = info is not lead
+            info["superseded_by"] = None if info is lead else \
+                {"version": lead["version"], "hash": lead["hash"]}
+
+
+def _version_key(version: Any) -> tuple[int, ...] | tuple[str]:
+    parts = str(version).split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else (str(version),)
 
 
 def _variants(entries: Sequence[dict[str, Any]]) -> dict[str, str]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,11 @@ def _clock(seconds: Any) -> str:
     return "—" if not isinstance(seconds, (int, float)) else clock_time(seconds)
 
 
+def _short_hash(value: Any) -> str:
+    """A content hash's first 12 hex digits, without its `sha256:` prefix."""
+    return str(value).removeprefix("sha256:")[:12]
+
+
 def _count(value: Any) -> str:
     if not isinstance(value, (int, float)):
         return "—"
@@ -64,19 +70,9 @@ def _environment() -> Any:
 
     env = Environment(loader=FileSystemLoader(str(_templates() / "templates")), autoescape=True,
                       undefined=StrictUndefined, keep_trailing_newline=True)
-    env.globals.update(fmt=_fmt, clock=_clock, count=_count, gib=format_gib, help=METRIC_HELP)
+    env.globals.update(fmt=_fmt, clock=_clock, count=_count, gib=format_gib, help=METRIC_HELP,
+                       short_hash=_short_hash)
     return env
-
-
-def _best(entries: Sequence[dict[str, Any]], metric: str) -> str | None:
-    """The id of the entry with the best mean of `metric` (None unless two entries have one)."""
-    scored = [(e["metrics"][metric]["mean"], e["id"]) for e in entries
-              if e["metrics"].get(metric, {}).get("mean") is not None]
-    if len(scored) < 2:
-        return None
-    higher = next(e["metrics"][metric]["higher_is_better"] for e in entries
-                  if metric in e["metrics"])
-    return (max(scored) if higher else min(scored))[1]
 
 
 def _column_lines(entry: dict[str, Any]) -> dict[str, list[float | None]]:
@@ -118,8 +114,8 @@ def build(paths: Sequence[str | Path], out: str | Path, strict: bool = False
     found = find_results(paths, problems)
     data = board(found, problems)
     if problems and strict:
-        raise UserError(f"{len(problems)} results file(s) cannot be used (--strict): "
-                        + "; ".join(problems))
+        raise UserError(f"{len(problems)} results file(s) cannot be used (--strict), each "
+                        "named with the reason:\n" + "\n".join(f"  - {p}" for p in problems))
     common = {"clbench_version": __version__, "run_count": len(found)}
     with atomic_dir(out) as staging:
         public = _write_site(staging, data, problems, _environment(), common)
@@ -143,10 +139,9 @@ def _write_site(staging: Path, data: dict[str, Any], problems: list[str], env: A
     for suite in data["suites"]:
         for e in suite["entries"]:
             higher.update({m: s["higher_is_better"] for m, s in e["metrics"].items()})
-    best = {s["id"]: {m: _best(s["entries"], m) for m in INDEX_METRICS} for s in data["suites"]}
     _write(staging / "index.html", env.get_template("index.html").render(
-        root="", suites=data["suites"], metrics=INDEX_METRICS, higher=higher, best=best,
-        problems=problems, **common))
+        root="", suites=data["suites"], metrics=INDEX_METRICS, higher=higher,
+        left_out=data["left_out"], problems=problems, **common))
     for suite in data["suites"]:
         for e in suite["entries"]:
             steps = e["matrix"]["rows"]
@@ -173,6 +168,7 @@ def _write_site(staging: Path, data: dict[str, Any], problems: list[str], env: A
         _write(staging / "compare" / f"{suite['id']}.html", env.get_template("compare.html").render(
             root="../", suite=suite, charts=charts, **common))
     public = {"clbench_version": common["clbench_version"], "problems": problems,
+              "left_out": data["left_out"],
               "suites": [{**s, "entries": [{k: v for k, v in e.items() if k != "sources"}
                                            for e in s["entries"]]} for s in data["suites"]]}
     _write(staging / DATA_FILE, json.dumps(public, indent=1, sort_keys=True, default=str) + "\n")
@@ -198,9 +194,19 @@ def preview_server(site: str | Path, port: int = 8000) -> Any:
         def log_message(self, format: str, *args: Any) -> None:  # one line per request: noise
             return None
 
+        def log_error(self, format: str, *args: Any) -> None:  # a 404 is the client's business
+            return None
+
+    class QuietServer(http.server.ThreadingHTTPServer):
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            # a browser that closes a connection mid-answer is no error of the site's
+            if isinstance(sys.exc_info()[1], ConnectionError):
+                return
+            super().handle_error(request, client_address)
+
     handler = functools.partial(Quiet, directory=str(site))
     try:
-        return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        return QuietServer(("127.0.0.1", port), handler)
     except OSError as exc:
         raise UserError(f"cannot serve on port {port}: {exc.strerror}; choose another with "
                         "--port") from None

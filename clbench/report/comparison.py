@@ -8,7 +8,7 @@ Used by `clbench report` (which also renders these tables as Markdown, in
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,8 @@ def recorded_settings(result: RunResult) -> Any:
 
 
 def comparison_groups(found: Sequence[tuple[Path, RunResult]],
-                      problems: list[str] | None = None) -> Groups:
+                      problems: list[str] | None = None,
+                      suite_hash: Callable[[RunResult], str] = suite_hash_as_read) -> Groups:
     """The complete runs, by suite and method setting: `{suite key: {label: runs}}`.
 
     An entry is a method with its add-ons (`sdpo+ewc`); runs of one under different settings
@@ -87,13 +88,15 @@ def comparison_groups(found: Sequence[tuple[Path, RunResult]],
     that tell it apart; settings are read from the file alone (:func:`recorded_settings`), so
     a run from before a field was added groups by what it did. A run found twice (the same
     results in two places) counts once; two different runs of one seed are refused (with
-    `problems` given, the second is left out and said there instead)."""
+    `problems` given, the second is left out and said there instead). Suites are told apart by
+    `suite_hash`: the hash as the current schema reads the suite (runs from before a field
+    was added group with later ones), or, for the leaderboard, the hash as recorded."""
     entries = []
     configs: dict[tuple[str, str], dict[str, Any]] = {}
     for where, r in found:
         if r.status != "complete" or r.joint:  # a joint run is a reference, not a contender
             continue
-        suite = f"{r.suite.get('name')}:{suite_hash_as_read(r)[:15]}{_versions_key(r)}"
+        suite = f"{r.suite.get('name')}:{suite_hash(r)[:15]}{_versions_key(r)}"
         config = recorded_settings(r)
         key = json.dumps(config, sort_keys=True, default=str)
         configs.setdefault((suite, r.entry_name()), {})[key] = config

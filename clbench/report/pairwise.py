@@ -24,14 +24,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clbench.metrics.continual import compute_metrics, normalise_columns
+from clbench.metrics.continual import MatrixError, compute_metrics, normalise_columns
 from clbench.results import RunResult
 
 #: The metrics compared by default: what the continual-learning literature reports first.
 COMPARED = ("acc", "bwt", "forgetting", "ood_delta")
 
 
-def _draws(runs: Sequence[RunResult], metrics: Sequence[str], samples: int,
+def bootstrap_draws(runs: Sequence[RunResult], metrics: Sequence[str], samples: int,
            rng: np.random.Generator) -> dict[str, np.ndarray]:
     """`{metric: [samples]}`: one method's mean over its resampled seeds, per bootstrap draw
     (NaN where the metric is undefined for every drawn seed)."""
@@ -49,7 +49,10 @@ def _draws(runs: Sequence[RunResult], metrics: Sequence[str], samples: int,
             defined = ~np.isnan(p) & (n > 0)
             redrawn = np.where(defined, rng.binomial(np.maximum(n, 1), np.nan_to_num(p))
                                / np.maximum(n, 1), np.nan)
-            computed = compute_metrics(redrawn, columns, protocol, metrics=list(metrics))
+            try:
+                computed = compute_metrics(redrawn, columns, protocol, metrics=list(metrics))
+            except MatrixError:  # a collapsed seed stops early: no metrics to redraw
+                continue
             for m in metrics:
                 value = computed.get(m, {}).get("value")
                 if value is not None:
@@ -71,7 +74,7 @@ def pairwise_differences(groups: dict[str, dict[str, list[RunResult]]],
     for suite, labels in groups.items():
         rng = np.random.default_rng(seed)
         names = sorted(labels)
-        draws = {label: _draws(labels[label], metrics, samples, rng) for label in names}
+        draws = {label: bootstrap_draws(labels[label], metrics, samples, rng) for label in names}
         means = {label: {m: _mean_metric(labels[label], m) for m in metrics} for label in names}
         rows = []
         for a, b in itertools.combinations(names, 2):

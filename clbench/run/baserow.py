@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_dir, atomic_write_json, file_lock
-from clbench.eval.column import records_path
+from clbench.eval.records import records_path
 from clbench.results import Cell, RunResult
 from clbench.run.rows import evaluate_row, to_cells
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import os_errors_of
-from clbench.eval.column import read_records, records_path
+from clbench.eval.records import read_records, records_path
 from clbench.metrics.artifacts import artifact_report, collapse_evidence
 from clbench.metrics.drift import (
     DriftSettings,

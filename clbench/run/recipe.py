@@ -51,6 +51,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from clbench.errors import RunFailed, UserError, stop_of
+from clbench.eval.records import examples_of
 from clbench.plugins import registry
 from clbench.progress import run_progress
 from clbench.results import RESULTS_FILENAME, RunResult, StageRecord, new_result, write_results
@@ -317,6 +318,7 @@ class RunRecipe:
         result.status = "complete"
         written = False
         try:
+            result.examples = examples_of(self.run_dir, result)
             if not self.run.joint:
                 result.metrics = metric_values(result, self.run.suite.protocol)
                 for name, metric in result.metrics.items():

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clbench.eval.column import read_records, records_path
+from clbench.eval.records import read_records, records_path
 from clbench.metrics.responses import edit_similarity, mean_token_kl
 
 if TYPE_CHECKING:

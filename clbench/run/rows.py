@@ -25,15 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from clbench.atomic import atomic_write_text
 from clbench.errors import UserError
-from clbench.eval.column import (
-    CellResult,
-    evaluate_column,
-    make_generate_fn,
-    read_records,
-    records_path,
-    summarise_cell,
-    write_records,
-)
+from clbench.eval.column import CellResult, evaluate_column, make_generate_fn, summarise_cell
+from clbench.eval.records import read_records, records_path, write_records
 from clbench.plugins import registry
 from clbench.results import Cell
 from clbench.seeding import derive_seed

@@ -8,14 +8,8 @@ import pytest
 from rich.console import Console
 from rich.progress import Progress
 
-from clbench.eval.column import (
-    ItemRecord,
-    evaluate_column,
-    read_records,
-    records_path,
-    summarise_cell,
-    write_records,
-)
+from clbench.eval.column import evaluate_column, summarise_cell
+from clbench.eval.records import ItemRecord, read_records, records_path, write_records
 from clbench.tasks.base import Example, Grade, Messages, TaskSource
 
 

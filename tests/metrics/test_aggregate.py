@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from clbench.eval.column import ItemRecord
+from clbench.eval.records import ItemRecord
 from clbench.metrics.aggregate import aggregate_over_seeds, summarise
 
 

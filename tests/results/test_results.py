@@ -52,7 +52,7 @@ def filled(run_spec: RunSpec) -> RunResult:
 
 def test_new_result_records_provenance(run_spec: RunSpec) -> None:
     result = new_result(run_spec)
-    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.5"
+    assert result.schema_version == RESULTS_SCHEMA_VERSION == "1.6"
     assert result.status == "partial"
     assert result.suite_hash == run_spec.suite.content_hash()
     assert result.suite_spec() == run_spec.suite
@@ -77,7 +77,7 @@ def test_round_trip(tmp_path: Path, run_spec: RunSpec) -> None:
     assert back.created == result.created and back.updated >= back.created
     assert back.model_dump() == result.model_dump() | {"stages": back.model_dump()["stages"]}
     raw = json.loads(path.read_text())
-    assert raw["schema_version"] == "1.5" and raw["matrix"][0][2] is None
+    assert raw["schema_version"] == "1.6" and raw["matrix"][0][2] is None
 
 
 def test_shape_is_checked(run_spec: RunSpec) -> None:
@@ -366,3 +366,22 @@ def test_kept_time_carries_the_peak_memory_of_a_stopped_sitting(tmp_path: Path) 
     second.saved(3, peak_memory_bytes=2**30)
     assert results.KeptTime(tmp_path, rows=3, write=True).carried_peak == 2**30
     assert results.KeptTime(tmp_path, rows=4, write=True).carried_peak == 0
+
+
+def test_examples_are_bounded_to_a_few_completions_of_the_runs_own_columns(
+        run_spec: RunSpec) -> None:
+    from clbench.results import EXAMPLES_PER_COLUMN, ExampleCompletion
+
+    result = result_of(run_spec)
+    column = result.columns[0].name
+    one = ExampleCompletion(id="3", completion="12", correct=True)
+    result.examples = {column: [one] * EXAMPLES_PER_COLUMN}
+    RunResult.model_validate(result.model_dump())  # within bounds
+    with pytest.raises(ValueError, match="at most 2 completions"):
+        RunResult.model_validate({**result.model_dump(),
+                                  "examples": {column: [one.model_dump()] * 3}})
+    with pytest.raises(ValueError, match="at most 2 completions of one of the run's columns"):
+        RunResult.model_validate({**result.model_dump(),
+                                  "examples": {"no-such-column": [one.model_dump()]}})
+    with pytest.raises(ValueError, match="at most 1500 characters"):
+        ExampleCompletion(id="3", completion="x" * 1501, correct=False)

@@ -14,7 +14,7 @@ from fakes import SUITE, run_cli, write_suite
 
 from clbench import migrations
 from clbench.cli import cli
-from clbench.eval.column import read_records, records_path
+from clbench.eval.records import read_records, records_path
 from clbench.metrics.drift import DriftSettings, model_drift
 from clbench.results import read_results
 from clbench.spec.schema import SuiteSpec

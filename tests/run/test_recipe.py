@@ -60,6 +60,19 @@ def test_cli_run_writes_a_complete_valid_result(tmp_path: Path) -> None:
         for col, name in enumerate(["low", "high", "all"]):
             lines = (out / "items" / f"row{row}" / f"{name}.jsonl").read_text().splitlines()
             assert sum(json.loads(x)["correct"] for x in lines) / 6 == R[row][col]
+    # and a few of the last row's completions travel in the results file: a right one and a
+    # wrong one where the column has both, in item order
+    last = [[json.loads(x) for x in (out / "items" / "row2" / f"{name}.jsonl").read_text()
+             .splitlines()] for name in ("low", "high", "all")]
+    for name, records in zip(["low", "high", "all"], last):
+        expected = [r for r in records if r in ([x for x in records if x["correct"]][:1]
+                                                + [x for x in records if not x["correct"]][:1]
+                                                + records[:2])][:2]
+        shown = result.examples[name]
+        assert 1 <= len(shown) <= 2 and [x.id for x in shown] == [r["id"] for r in expected][
+            :len(shown)]
+        if {r["correct"] for r in records} == {True, False}:
+            assert {x.correct for x in shown} == {True, False}
     assert [s.index for s in result.stages] == [1, 2]
     assert result.stages[1].summary["lr"] == pytest.approx(3e-2 / 2)  # method state carried
     assert result.compute.tokens == {"trained_tokens": 10 * (8 + 8)}
@@ -371,7 +384,7 @@ def test_a_run_on_the_static_cache_engine_scores_row_0_as_the_decode_loop(tmp_pa
     import transformers
 
     from clbench.cli import cli
-    from clbench.eval.column import read_records, records_path
+    from clbench.eval.records import read_records, records_path
     from clbench.train.rollout import STATIC_CACHE_MIXED_PRECISION
 
     version = tuple(int(p) for p in transformers.__version__.split(".")[:2])

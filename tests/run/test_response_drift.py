@@ -13,7 +13,7 @@ import torch
 from fakes import FakeAddition
 from toy import tiny
 
-from clbench.eval.column import ItemRecord, records_path, write_records
+from clbench.eval.records import ItemRecord, records_path, write_records
 from clbench.metrics.responses import edit_similarity
 from clbench.run.diagnostics import base_weights_path, keep_base_weights
 from clbench.run.response_drift import base_model_copy, response_drift

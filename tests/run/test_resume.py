@@ -295,7 +295,7 @@ def test_a_row_resumes_from_its_saved_columns_and_only_from_sound_ones(
     from fakes import PLUGINS, run_spec, write_suite
     from rich.console import Console
 
-    from clbench.eval.column import read_records, records_path, write_records
+    from clbench.eval.records import read_records, records_path, write_records
     from clbench.models import load_model
     from clbench.plugins import registry
     from clbench.progress import run_progress
@@ -355,7 +355,8 @@ def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
     from fakes import PLUGINS, run_spec, write_suite
     from rich.console import Console
 
-    from clbench.eval.column import CellResult, ItemRecord
+    from clbench.eval.column import CellResult
+    from clbench.eval.records import ItemRecord
     from clbench.plugins import registry
     from clbench.progress import run_progress
     from clbench.run import rows

@@ -215,7 +215,7 @@ def test_terminal_escapes_in_a_suite_reach_no_terminal(tmp_path: Path,
         assert "\x1b" not in said and "\x07" not in said
 
 
-def test_report_and_leaderboard_build_import_no_plugin(tmp_path: Path) -> None:
+def test_report_and_leaderboard_build_import_no_plugin_and_no_torch(tmp_path: Path) -> None:
     """They read recorded data alone: run in a fresh interpreter on results of a built-in
     method with an add-on, neither command discovers an entry point or imports a plugin."""
     import subprocess
@@ -237,6 +237,9 @@ def test_report_and_leaderboard_build_import_no_plugin(tmp_path: Path) -> None:
              "found = sorted(m for m in sys.modules if m.split('.')[0] in "
              "('clbench_methods', 'clbench_addons') or m.startswith('clbench.tasks.'))\n"
              "print('PLUGINS', found, sorted(registry._entries), sorted(registry._loaded))\n"
+             "stack = sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('torch', 'transformers', 'accelerate'))\n"
+             "print('STACK', stack)\n"
              "sys.exit(code)\n")
     said = {}
     for args in (["report", "results"], ["report", "results", "--json"],
@@ -246,6 +249,8 @@ def test_report_and_leaderboard_build_import_no_plugin(tmp_path: Path) -> None:
                               env={**os.environ, "COLUMNS": "200"})
         assert done.returncode == 0, done.stderr
         assert "PLUGINS [] [] []" in done.stdout, (args, done.stdout[-2000:])
+        # reading recorded results needs no training stack: the board builds where torch is not
+        assert "STACK []" in done.stdout, (args, done.stdout[-2000:])
         said[" ".join(args)] = done.stdout
     # its settings (`--set`, the suite's `methods:` block) told apart from its recorded defaults
     assert 'settings: lr=3e-06, feedback="rich"; replay: its defaults' in said["report results"]
