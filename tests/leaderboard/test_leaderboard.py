@@ -350,6 +350,21 @@ def test_a_superseded_suite_is_shown_apart_and_old_runs_are_flagged_not_measured
     assert [s["superseded"] for s in data["suites"]] == [False, True]
     assert data["suites"][1]["superseded_by"]["hash"] == data["suites"][0]["hash"]
     assert data["suites"][1]["entries"][0]["flags"]["not_measured"] is True
+    assert data["suites"][0]["entries"][0]["flags"]["mixed_code"] is False
     page = (tmp_path / "site" / "index.html").read_text()
     assert page.index("Superseded suite versions") > page.index(data["suites"][0]["id"])
     assert "not measured" in page
+
+
+def test_an_entry_whose_seeds_come_from_different_commits_is_flagged(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    for seed, revision in ((0, "a" * 40), (1, "b" * 40 + "+dirty")):
+        result = _result(tmp_path, "sft", seed, 0.5)
+        result.git_revision = revision
+        _write(results, f"sft-s{seed}", result)
+    data, _ = build([results], tmp_path / "site")
+    (entry,) = data["suites"][0]["entries"]
+    assert entry["flags"]["mixed_code"] is True
+    assert entry["code"] == ["clbench aaaaaaa", "clbench bbbbbbb+dirty"]
+    page = (tmp_path / "site" / "entries" / f"{entry['id']}.html").read_text()
+    assert "b" * 40 + "+dirty" in page  # the revision whole, its +dirty mark kept
