@@ -70,6 +70,13 @@ def run_settings_options(joint_help: str) -> Any:
         device_option, no_base_cache_option, checkpoint_minutes_option,
         trust_remote_code_option, allow_task_code_option,
         click.option("--joint", is_flag=True, help=joint_help),
+        click.option("--report-to", "report_to", multiple=True,
+                     type=click.Choice(["tensorboard", "wandb", "mlflow"]),
+                     help="Also log the run to an experiment tracker (repeatable): each step's "
+                          "record, each row of R, the metrics and the config, with files under "
+                          "the run folder's trackers/ (W&B offline unless configured; MLflow "
+                          "there unless MLFLOW_TRACKING_URI is set). Default: none. Needs "
+                          "clbench[tensorboard], [wandb] or [mlflow]."),
     ]
 
     def decorate(command: Any) -> Any:
@@ -80,7 +87,8 @@ def run_settings_options(joint_help: str) -> Any:
 
 
 RUN_SETTINGS_PARAMS = ("sets", "addons", "model_name", "device", "no_base_cache",
-                       "checkpoint_minutes", "trust_remote_code", "allow_task_code", "joint")
+                       "checkpoint_minutes", "trust_remote_code", "allow_task_code", "joint",
+                       "report_to")
 
 
 def run_settings(params: dict[str, Any]) -> Any:
@@ -95,7 +103,8 @@ def run_settings(params: dict[str, Any]) -> Any:
                        reuse_base_row=not values["no_base_cache"],
                        checkpoint_minutes=values["checkpoint_minutes"],
                        joint=values["joint"], trust_remote_code=values["trust_remote_code"],
-                       allow_task_code=values["allow_task_code"])
+                       allow_task_code=values["allow_task_code"],
+                       report_to=list(dict.fromkeys(values["report_to"])))
 
 
 def not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -213,7 +213,7 @@ def build_run_spec(options: RunOptions) -> RunSpec:
         "device": options.device, "suite_file": str(path),
         "reuse_base_row": options.reuse_base_row,
         "checkpoint_minutes": options.checkpoint_minutes, "joint": options.joint,
-        "allow_task_code": options.allow_task_code,
+        "allow_task_code": options.allow_task_code, "report_to": options.report_to,
     }, "run")
 
 

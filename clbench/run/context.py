@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from clbench.progress import AnyProgress
     from clbench.run.rows import ColumnPlan
+    from clbench.run.trackers import RunTrackers
     from clbench.spec.schema import RunSpec
     from clbench.tasks.base import TaskSource
     from clbench.train.addons import AddOn
@@ -52,6 +53,7 @@ class RunContext:
     on_saved: Callable[[], None] = field(default=_nothing)
     tasks: Mapping[str, TaskSource] = field(default_factory=dict)  # stream tasks by stage
     addons: Sequence[AddOn] = ()  # the run's add-ons, in the order they compose
+    trackers: RunTrackers | None = None  # `--report-to`: what the run also logs to
 
     @property
     def is_main(self) -> bool:

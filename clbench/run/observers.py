@@ -135,6 +135,17 @@ def write(recipe: RunRecipe) -> Path:
     return path
 
 
+class TrackedRows(StageObserver):
+    """Each row of R to the run's experiment trackers (`--report-to`)."""
+
+    def after_row(self, recipe: RunRecipe, row: int, record: StageRecord | None,
+                  report: StageReport | None) -> None:
+        assert recipe.trackers is not None
+        recipe.trackers.log_row(row, [c.name for c in recipe.result.columns],
+                                [None if c is None else c.score
+                                 for c in recipe.result.matrix[row]])
+
+
 def stage_observers(recipe: RunRecipe) -> list[StageObserver]:
     """The observers of a run, in the order they act: what measures a row before what accounts
     for its cost and what writes it. Base weights are kept first where a diagnostic reads
@@ -147,4 +158,6 @@ def stage_observers(recipe: RunRecipe) -> list[StageObserver]:
     if spec.weight_drift.enabled:
         observers.append(WeightDriftObserver(recipe))
     observers += [RowDiagnostics(recipe), recipe.compute, ResultsWriter()]
+    if recipe.trackers is not None:
+        observers.append(TrackedRows())
     return observers

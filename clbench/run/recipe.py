@@ -82,6 +82,7 @@ from clbench.run.setup import (
     warn_if_another_checkout,
 )
 from clbench.run.stages import keep_trained_stage, train_stage, trained_report
+from clbench.run.trackers import RunTrackers, prepare_environment
 from clbench.seeding import derive_seed, seed_everything
 from clbench.spec.schema import RunSpec
 from clbench.tasks.code.sandbox import sandbox_kind
@@ -184,6 +185,7 @@ class RunRecipe:
         self.result.method.config = dict(run.method.params)
         self.result.status, self.result.error = "partial", None  # a failed run resumed
         self.compute = ComputeAccount(self)
+        self.trackers = self._start_trackers()
         self.observers = stage_observers(self)
         self.done = max(0, len(self.result.matrix) - 1)  # stages whose row is in the result
         self.trained, self.resume = self.restore()
@@ -194,6 +196,15 @@ class RunRecipe:
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "parameters": sum(p.numel() for p in model.parameters()),
             "device": str(dist.device), **dist.describe()}
+
+    def _start_trackers(self) -> RunTrackers | None:
+        """The run's experiment trackers (`--report-to`), started; None without any."""
+        if not self.run.report_to:
+            return None
+        prepare_environment(self.run.report_to, self.run_dir)
+        trackers = RunTrackers(self.run, self.dist.accelerator)
+        trackers.start()
+        return trackers
 
     def restore(self) -> tuple[int | None, dict[str, Any] | None]:
         """Load what a resumed run continues from and say so: (the stage trained before the
@@ -242,7 +253,8 @@ class RunRecipe:
                     progress=progress, plans=self.items.plans, dist=dist,
                     stamp=evaluation_stamp(run, self.items.plans, self.result.model.resolved),
                     train_model=self.train_model, console=self.console,
-                    on_saved=self.compute.saved, tasks=self.items.tasks, addons=self.addons)
+                    on_saved=self.compute.saved, tasks=self.items.tasks, addons=self.addons,
+                    trackers=self.trackers)
                 if not self.result.matrix:
                     self.evaluate_base_row()
                 bar = progress.add_task("stages", total=len(stages), completed=self.done)
@@ -256,6 +268,8 @@ class RunRecipe:
                         return self.result
         except KeyboardInterrupt as exc:
             log.warning("%s during %s", stop_of(exc)[0], self.at)
+            if self.trackers is not None:  # what was logged reaches the tracker's files
+                self.trackers.finish()
             kept = what_is_saved(self.run_dir, len(self.result.matrix), len(self.result.columns))
             raise RunInterrupted.after(exc, f"{kept}. Continue with the same command plus "
                                        "--resume") from None
@@ -327,6 +341,9 @@ class RunRecipe:
             self.compute.after_row(self, len(result.matrix) - 1, None, None)
             write(self)
             written = True
+            if self.trackers is not None:
+                self.trackers.log_metrics({k: m.value for k, m in result.metrics.items()})
+                self.trackers.finish()
             if self.dist.is_main:
                 shutil.rmtree(self.run_dir / "work", ignore_errors=True)
         except KeyboardInterrupt as exc:  # after the last row: say whether the results are done
@@ -340,6 +357,8 @@ class RunRecipe:
     def failed(self, exc: Exception) -> None:
         """A method or the run raised: the result says so, and the log has the traceback."""
         self.result.status = "failed"
+        if getattr(self, "trackers", None) is not None:
+            self.trackers.finish()
         self.result.error = str(exc) if isinstance(exc, RunFailed) else \
             f"{self.at}: {type(exc).__name__}: {exc}"
         if self.dist.is_main:  # no barrier: the other processes may not get here

@@ -39,10 +39,14 @@ log = logging.getLogger("clbench.run.setup")
 
 def make_distributed(run: RunSpec) -> Distributed:
     """The run's accelerator; refuses budgets that cannot be split over its processes."""
+    from clbench.run.trackers import TRACKERS_FOLDER, check_trackers
     from clbench.train.distributed import Distributed
     from clbench.train.optim import rank_share
 
-    dist = Distributed.create(run.device, run.model.dtype, run.model.mixed_precision)
+    check_trackers(run.report_to)  # before anything is loaded
+    dist = Distributed.create(run.device, run.model.dtype, run.model.mixed_precision,
+                              trackers=run.report_to,
+                              tracker_dir=Path(run.out_dir) / TRACKERS_FOLDER)
     dist.take_cpu_share()
     for spec in run.training_stages():  # before anything trains, not when the stage comes
         rank_share(range(spec.budget.prompts_per_step), 0, dist.num_processes, spec.name)

@@ -61,6 +61,8 @@ def train_stage(ctx: RunContext, stage: int, method: Method, task: TaskSource,
     def log_step(record: dict[str, Any]) -> None:
         progress.advance(steps_bar)
         log.info("stage %d step %s", stage, json.dumps(record, default=str))
+        if ctx.trackers is not None:
+            ctx.trackers.log_step(stage, record)
 
     stage_ctx = StageContext(
         model=ctx.model, tokenizer=ctx.tokenizer, task=task, train_examples=train_examples,

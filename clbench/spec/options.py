@@ -33,6 +33,8 @@ class RunSettings(Spec):
     trust_remote_code: bool = Field(default=False, description="`--trust-remote-code`.")
     allow_task_code: bool = Field(default=False, description="`--allow-task-code`: lm-eval "
                                   "task folders of the suite's probes may run their Python.")
+    report_to: list[str] = Field(default_factory=list, description="`--report-to`: experiment "
+                                 "trackers (tensorboard, wandb, mlflow).")
 
 
 class RunOptions(RunSettings):
@@ -59,6 +61,8 @@ class RunOptions(RunSettings):
             args += ["--addon", name]
         for text in self.sets:
             args += ["--set", text]
+        for tracker in self.report_to:
+            args += ["--report-to", tracker]
         if self.model is not None:
             args += ["--model", self.model]
         for flag, on in (("--no-base-cache", not self.reuse_base_row), ("--joint", self.joint),

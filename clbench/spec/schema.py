@@ -21,6 +21,8 @@ from clbench.spec.base import NAME_PATTERN, Spec
 from clbench.spec.taskfile import TaskFile, is_task_file
 
 DEVICE_PATTERN = r"^(auto|cpu|mps|cuda(:\d+)?)$"
+#: Experiment trackers a run can log to, through accelerate (`clbench.run.trackers`).
+Tracker = Literal["tensorboard", "wandb", "mlflow"]
 
 SUITE_SCHEMA_VERSION = 1
 
@@ -504,6 +506,11 @@ class RunSpec(Spec):
     seed: int = Field(default=0, ge=-MAX_SEED, le=MAX_SEED,
                       description="Run seed: rollout sampling, data order, init.")
     out_dir: str = Field(min_length=1, description="Run directory: results, checkpoints, logs.")
+    report_to: list[Tracker] = Field(default_factory=list, description="Experiment trackers "
+                                     "the run also logs to (`--report-to`; files under the run "
+                                     "folder's `trackers/`): steps, rows of R, metrics, config. "
+                                     "Not part of what the run is: a resumed run may log to "
+                                     "others.")
     device: str = Field(default="auto", pattern=DEVICE_PATTERN,
                         description="`auto`, `cpu`, `mps`, `cuda`, `cuda:N`.")
     reuse_base_row: bool = Field(default=True, description="Take row 0 (the base model's "

@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -44,6 +44,8 @@ from clbench.errors import UserError
 from clbench.train.cpu import use_cpu_share
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from accelerate import Accelerator
 
 T = TypeVar("T")
@@ -178,8 +180,10 @@ class Distributed:
 
     @classmethod
     def create(cls, device: str | torch.device | None = "auto", dtype: str | None = "float32",
-               mixed_precision: bool = True) -> Distributed:
-        """The run's accelerator for the requested device and the model spec's precision.
+               mixed_precision: bool = True, trackers: Sequence[str] = (),
+               tracker_dir: Path | None = None) -> Distributed:
+        """The run's accelerator for the requested device and the model spec's precision
+        (logging to `trackers`, accelerate's names, with files under `tracker_dir`).
 
         Launched with N > 1 processes, each uses the launcher's device for its rank (its own GPU,
         or the CPU); an explicit `cuda:N` is then refused.
@@ -204,7 +208,8 @@ class Distributed:
         else:
             resolved = resolve_device(device)
         precision = resolve_precision(dtype, mixed_precision, resolved)
-        accelerator = _new_accelerator(cpu=resolved.type == "cpu")
+        accelerator = _new_accelerator(cpu=resolved.type == "cpu", trackers=trackers,
+                                       tracker_dir=tracker_dir)
         if world > 1:
             resolved = accelerator.device
             if resolved.type == "cpu":
@@ -483,7 +488,8 @@ def sharding_of(accelerator: Accelerator) -> str | None:
     return None
 
 
-def _new_accelerator(cpu: bool) -> Accelerator:
+def _new_accelerator(cpu: bool, trackers: Sequence[str] = (),
+                     tracker_dir: Path | None = None) -> Accelerator:
     """An Accelerator without mixed precision of its own: clbench autocasts from the run's
     :class:`Precision` (:meth:`Distributed.autocast`), see the module docstring."""
     from accelerate import Accelerator
@@ -495,5 +501,9 @@ def _new_accelerator(cpu: bool) -> Accelerator:
         # a single process may hold several runs (a sweep, the tests) with other precisions or
         # devices, and without a process group nothing else hangs on the old state.
         AcceleratorState._reset_state(reset_partial_state=True)
+    extra: dict[str, Any] = {}
+    if trackers:
+        extra = {"log_with": list(trackers), "project_dir": str(tracker_dir)}
     return Accelerator(cpu=cpu, mixed_precision="no",
-                       kwargs_handlers=[InitProcessGroupKwargs(timeout=COLLECTIVE_TIMEOUT)])
+                       kwargs_handlers=[InitProcessGroupKwargs(timeout=COLLECTIVE_TIMEOUT)],
+                       **extra)
