@@ -104,9 +104,10 @@ def _print_estimate(run: Any, console: Console) -> None:
 
 
 @cli.command("sweep")
-@click.option("--suite", "suite_ref", required=True, metavar="NAME|FILE",
-              help="A named suite or a suite file.")
-@click.option("--methods", required=True, metavar="A,B,...", help="Comma-separated methods.")
+@click.option("--suite", "suite_ref", default=None, metavar="NAME|FILE",
+              help="A named suite or a suite file (required unless --status).")
+@click.option("--methods", default=None, metavar="A,B,...",
+              help="Comma-separated methods (required unless --status).")
 @click.option("--seeds", default="0", show_default=True, metavar="0,1,...",
               help="Comma-separated run seeds.")
 @click.option("--out", "out_root", type=click.Path(file_okay=False), default=None,
@@ -122,8 +123,35 @@ def _print_estimate(run: Any, console: Console) -> None:
               help="Runs at once, each a `clbench run` process logging to <out>/logs/ (1: one "
                    "after another in this process). On the CPU each gets an equal share of the "
                    "cores unless OMP_NUM_THREADS is set.")
-def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None, jobs: int,
-                  **settings: Any) -> None:
+@click.option("--launcher", type=click.Choice(["local", "submitit"]), default="local",
+              show_default=True, help="`local`: runs on this machine (see --jobs); "
+              "`submitit`: each run a cluster job (a job array) through submitit, resumed "
+              "where it stopped when requeued after a preemption or a timeout; the sweep "
+              "waits for them and compares the runs. Needs clbench[submitit].")
+@click.option("--cluster", type=click.Choice(["slurm", "local", "debug"]), default="slurm",
+              show_default=True, help="submitit's cluster: `slurm`, or `local` (jobs as "
+              "processes of this machine) and `debug` (in this process) to try a sweep out.")
+@click.option("--partition", default=None, metavar="NAME", help="Slurm partition.")
+@click.option("--account", default=None, metavar="NAME", help="Slurm account.")
+@click.option("--gpus-per-node", type=click.IntRange(min=0), default=1, show_default=True,
+              help="GPUs per job (Slurm).")
+@click.option("--cpus-per-task", type=click.IntRange(min=1), default=None,
+              help="CPU cores per job (also each run's thread count).")
+@click.option("--time", "time_minutes", type=click.IntRange(min=1), default=24 * 60,
+              show_default=True, metavar="MINUTES",
+              help="Time limit per job; a run that reaches it saves and is requeued.")
+@click.option("--mem", "mem_gb", type=click.IntRange(min=1), default=None, metavar="GB",
+              help="Memory per job (Slurm).")
+@click.option("--array-parallelism", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Jobs of the array running at once (Slurm).")
+@click.option("--status", "show_status", is_flag=True,
+              help="Show where each run of a submitit sweep under --out is (queued, running, "
+                   "done, failed) and exit.")
+def sweep_command(suite_ref: str | None, methods: str | None, seeds: str, out_root: str | None,
+                  jobs: int, launcher: str, cluster: str, partition: str | None,
+                  account: str | None, gpus_per_node: int, cpus_per_task: int | None,
+                  time_minutes: int, mem_gb: int | None, array_parallelism: int,
+                  show_status: bool, **settings: Any) -> None:
     """Run a grid of methods x seeds; complete runs are skipped, partial ones resumed.
 
     Every run gets the same --set overrides and --addon add-ons. Ends with a comparison table:
@@ -138,11 +166,31 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
       clbench sweep --suite starter --methods sft,sdpo --seeds 0,1 --addon replay
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --device cuda --jobs 6
       clbench sweep --suite starter --methods sft,grpo,sdpo --seeds 0,1 --joint
+      clbench sweep --suite paper --methods grpo,sdpo --seeds 0,1,2 --out runs/paper \
+          --launcher submitit --partition gpu --gpus-per-node 1 --time 2880
+      clbench sweep --status --out runs/paper
     """
     from clbench.plugins import registry
     from clbench.spec.suites import load_suite, resolve_suite
+    from clbench.sweep import cluster as jobs_on_cluster
     from clbench.sweep import grid as sweep
 
+    if show_status:
+        if out_root is None:
+            raise click.UsageError("--status needs --out, the sweep's root folder")
+        jobs_on_cluster.print_status(jobs_on_cluster.status(Path(out_root)), stdout_console())
+        return
+    if suite_ref is None or methods is None:
+        raise click.UsageError("--suite and --methods are required (unless --status)")
+    on_cluster = None
+    if launcher == "submitit":
+        if jobs != 1:
+            raise click.UsageError("--jobs is for --launcher local; on a cluster "
+                                   "--array-parallelism sets how many jobs run at once")
+        on_cluster = jobs_on_cluster.ClusterSettings(
+            cluster=cluster, partition=partition, account=account, gpus_per_node=gpus_per_node,
+            cpus_per_task=cpus_per_task, time_minutes=time_minutes, mem_gb=mem_gb,
+            array_parallelism=array_parallelism)
     shared = run_settings(settings)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
     for name in method_list:  # typed by the user: a location may be imported
@@ -159,7 +207,7 @@ def sweep_command(suite_ref: str, methods: str, seeds: str, out_root: str | None
     if out_root is None:
         out_root = str(Path("runs") / load_suite(resolve_suite(suite_ref)).name)
     sweep.sweep(suite_ref, method_list, seed_list, out_root, shared, jobs=jobs,
-                console=stdout_console())
+                console=stdout_console(), cluster=on_cluster)
 
 
 @cli.command("report")

@@ -41,17 +41,20 @@ from clbench.sweep.children import (
     run_as_children,
     threads_per_child,
 )
+from clbench.sweep.cluster import ClusterSettings, submit, wait
 
 
 def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root: str | Path,
           settings: RunSettings | None = None, jobs: int = 1,
-          console: Console | None = None) -> dict[str, Any]:
+          console: Console | None = None, cluster: ClusterSettings | None = None
+          ) -> dict[str, Any]:
     """Run methods x seeds, each with `settings` (overrides, add-ons, model, ...), into
     `out_root/<method>[+<addon>...]/s<seed>` (`settings.joint`: their joint references, into
     `out_root/<method>-joint/s<seed>`): complete runs are skipped, partial ones resumed; `jobs`
-    > 1 runs up to that many at once as child processes. Ends with the comparison table over
-    seeds (returned as data) of the stage-by-stage runs of these methods and seeds, with their
-    intransigence where their joint references are there too.
+    > 1 runs up to that many at once as child processes; `cluster` submits each as a job
+    through submitit instead and waits for them (:mod:`clbench.sweep.cluster`). Ends with the
+    comparison table over seeds (returned as data) of the stage-by-stage runs of these methods
+    and seeds, with their intransigence where their joint references are there too.
 
     Raises :class:`UserError` naming the runs that failed or were stopped from outside the
     sweep (after the comparison), :class:`RunInterrupted` on Ctrl-C or SIGTERM. Progress, each
@@ -83,7 +86,10 @@ def sweep(suite_ref: str, methods: Sequence[str], seeds: Sequence[int], out_root
         check_lm_eval_probes(pending[0][1])
     incomplete: list[Child] = []
     broken: list[str] = []
-    if jobs == 1:
+    if cluster is not None and pending:
+        records = submit(pending, out_root, cluster, console)
+        broken = wait(records, out_root, console)
+    elif jobs == 1:
         broken = run_in_process([run for _, run in pending], console)
     elif pending:
         launch = ChildLauncher(out_root, threads=threads_per_child(settings.device,
