@@ -263,12 +263,26 @@ def board(found: Sequence[tuple[Path, RunResult]], problems: list[str] | None = 
                                             -(e["metrics"].get("acc", {}).get("mean") or -1),
                                             e["label"], e["model"]))
         info["metric_variants"] = _variants(info["entries"])
+        info["baselines"] = _baselines(info["entries"])
     _mark_superseded(list(suites.values()))
     ordered = sorted(suites.values(), key=lambda s: (s["superseded"], str(s["name"]),
                                                      -s["latest"].timestamp()))
     for info in ordered:
         info["latest"] = info["latest"].isoformat()
     return {"suites": ordered, "left_out": left_out}
+
+
+def _baselines(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model, the base model's ACC (row 0 of R, before any training: the mean of the
+    stream columns, averaged over the entries' seeds), the line every entry is read against."""
+    out: dict[str, list[float]] = {}
+    for e in entries:
+        matrix = e["matrix"]
+        stream = [j for j, c in enumerate(matrix["columns"]) if c["kind"] == "stream"]
+        row = [matrix["mean"][0][j] for j in stream] if matrix["mean"] else []
+        if row and all(v is not None for v in row):
+            out.setdefault(e["model"], []).append(sum(row) / len(row))
+    return [{"model": m, "acc": sum(v) / len(v)} for m, v in sorted(out.items())]
 
 
 def _left_out(where: Path, result: RunResult) -> dict[str, Any]:

@@ -326,6 +326,9 @@ def test_entries_share_a_rank_unless_the_bootstrap_separates_them(tmp_path: Path
     assert best == {"sft": True, "grpo": False, "sdpo": False}
     sft = suite["entries"][0]["metrics"]["acc"]
     assert sft["item_low"] < sft["mean"] < sft["item_high"]  # the interval shown in the cell
+    # the line every entry is read against: the base model's ACC (row 0 is 0.1 everywhere)
+    ((model, base),) = [(b["model"], b["acc"]) for b in suite["baselines"]]
+    assert model == "tiny-llama" and base == pytest.approx(0.1)
     page = (tmp_path / "site" / "index.html").read_text()
     assert page.count('<span class="tie">=</span>2') == 2
     (tmp_path / "site2").mkdir()
