@@ -72,7 +72,7 @@ test-browser: setup
 # it); pip resolves them from the package index without installing anything.
 check-extras: setup
 	$(PIP) install --dry-run --quiet -e ".[vllm]"
-	$(PIP) install --dry-run --quiet -e ".[tensorboard,wandb,mlflow,submitit]"
+	$(PIP) install --dry-run --quiet -e ".[tensorboard,wandb,mlflow,submitit,peft]"
 
 test-lowest: setup
 	rm -rf $(LOWEST)  # made afresh: an installed version that satisfies a floor would be kept

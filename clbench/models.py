@@ -179,6 +179,10 @@ def load_model(spec: ModelSpec | str, device: str | torch.device | None = "auto"
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.to(torch_device)
+    if spec.adapter.kind != "none":
+        from clbench.adapters import attach
+
+        attach(model, spec.adapter)  # on the device: the adapters' weights are made there
     model.eval()
     return model, tokenizer
 

@@ -57,9 +57,15 @@ def export_lm_eval_command(out_dir: str, suite_ref: str, sets: tuple[str, ...]) 
 @click.option("--trust-remote-code", is_flag=True,
               help="Let the model's hub repository run its own Python code to rebuild it. Only "
                    "this flag allows it: what a run folder recorded never does.")
-def export_model_command(run_dir: str, out_dir: str, trust_remote_code: bool) -> None:
+@click.option("--adapter-only", is_flag=True,
+              help="For a run that trained a LoRA adapter: write the adapter alone in peft's "
+                   "format (PeftModel.from_pretrained(base, OUT_DIR) loads it) instead of the "
+                   "model with the adapter merged in.")
+def export_model_command(run_dir: str, out_dir: str, trust_remote_code: bool,
+                         adapter_only: bool) -> None:
     """Write a run's trained model (after its last trained stage) as a Hugging Face model
     folder: config, safetensors weights, tokenizer. `from_pretrained` and lm-eval load it.
+    A run that trained an adapter is written with it merged in (or alone: --adapter-only).
     A run stopped while evaluating a stage has that stage's model: its row of R is not in the
     results yet.
 
@@ -69,10 +75,12 @@ def export_model_command(run_dir: str, out_dir: str, trust_remote_code: bool) ->
     """
     from clbench.run.model_export import export_model
 
-    out, stage = export_model(run_dir, out_dir, trust_remote_code=trust_remote_code)
+    out, stage = export_model(run_dir, out_dir, trust_remote_code=trust_remote_code,
+                              adapter_only=adapter_only)
     note = ""
     with contextlib.suppress(UserError):
         if len(read_results(Path(run_dir) / RESULTS_FILENAME).matrix) <= stage:
             note = " (trained; the run stopped before its row of R was complete)"
-    stdout_console().print(f"wrote the model after stage {stage}{note} of {escape(run_dir)} to "
+    what = "the adapter" if adapter_only else "the model"
+    stdout_console().print(f"wrote {what} after stage {stage}{note} of {escape(run_dir)} to "
                            f"{escape(str(out))}", soft_wrap=True)

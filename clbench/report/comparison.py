@@ -69,13 +69,16 @@ def method_settings(result: RunResult) -> Any:
 
 
 def recorded_settings(result: RunResult) -> Any:
-    """A run's settings as one mapping: its method's (:func:`method_settings`), then each
-    add-on's config under `NAME.FIELD`."""
+    """A run's settings as one mapping: its method's (:func:`method_settings`), the adapter it
+    trained instead of the whole model (`model.adapter`, when one), then each add-on's config
+    under `NAME.FIELD`."""
     config = method_settings(result)
     if not isinstance(config, dict):
         return config
-    return {**config, **{f"{a.name}.{k}": v for a in result.addons
-                         for k, v in {**(a.defaults or {}), **a.config}.items()}}
+    adapter = (result.model.spec or {}).get("adapter") or {}
+    trained = {"model.adapter": adapter} if adapter.get("kind", "none") != "none" else {}
+    return {**config, **trained, **{f"{a.name}.{k}": v for a in result.addons
+                                    for k, v in {**(a.defaults or {}), **a.config}.items()}}
 
 
 def comparison_groups(found: Sequence[tuple[Path, RunResult]],

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.adapters import effective_parameters, scaling_of, stored_weight
 from clbench.atomic import os_errors_of
 from clbench.eval.records import read_records, records_path
 from clbench.metrics.artifacts import artifact_report, collapse_evidence
@@ -61,15 +62,14 @@ def base_weights_path(run_dir: Path) -> Path:
 
 
 def _parameters(model: Any) -> dict[str, torch.Tensor]:
+    """The weights as the model computes with them (an adapter merged in), tied ones once."""
     from clbench.train.distributed import unwrap
 
-    return dict(unwrap(model).named_parameters())  # tied weights once
+    return effective_parameters(unwrap(model))
 
 
 def _matrices(model: Any) -> dict[str, torch.Tensor]:
-    from clbench.train.distributed import unwrap
-
-    return weight_matrices(unwrap(model).named_parameters())
+    return weight_matrices(_parameters(model).items())
 
 
 def _aliases(model: Any) -> dict[str, list[str]]:
@@ -110,7 +110,8 @@ class WeightDrift:
         self.seconds = 0.0  # of the last measurement
 
     def _compare(self, path: Path, current: dict[str, torch.Tensor], now: dict[str, Profile],
-                 aliases: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+                 aliases: dict[str, list[str]], scaling: float | None = None
+                 ) -> dict[str, dict[str, float]]:
         from safetensors import safe_open
 
         known = self.profiles.setdefault(str(path), {})
@@ -119,9 +120,11 @@ class WeightDrift:
             names = set(before.keys())
             for name, w in current.items():
                 stored = next((a for a in aliases.get(name, [name]) if a in names), None)
-                if stored is None:
+                # an adapted model's checkpoint: the LoRA layer's weight merged from its parts
+                w0 = before.get_tensor(stored) if stored is not None else \
+                    stored_weight(before.get_tensor, names, name, scaling)
+                if w0 is None:
                     continue
-                w0 = before.get_tensor(stored)
                 if w0.shape != w.shape:
                     continue
                 if name not in known:
@@ -135,7 +138,10 @@ class WeightDrift:
 
         started = time.perf_counter()
         current = {name: w.detach().to("cpu") for name, w in _matrices(model).items()}
+        from clbench.train.distributed import unwrap
+
         aliases = _aliases(model)
+        scaling = scaling_of(unwrap(model))
         now = {name: profile(w, self.settings) for name, w in current.items()}
         base = base_weights_path(self.run_dir)
         previous = (self.run_dir / "checkpoints" / f"stage{stage - 1}" / STUDENT_WEIGHTS
@@ -146,7 +152,7 @@ class WeightDrift:
         if previous == base and "vs_base" in out:  # stage 1: the previous weights are the base
             out["vs_previous"] = out["vs_base"]
         elif previous.is_file():
-            out["vs_previous"] = self._compare(previous, current, now, aliases)
+            out["vs_previous"] = self._compare(previous, current, now, aliases, scaling)
         # the stage's checkpoint, about to be written, holds these very weights: its profiles
         # are the previous stage's at the next stage
         self.profiles = {str(base): self.profiles.get(str(base), {}),

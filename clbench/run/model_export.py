@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+from clbench.adapters import adapter_files, is_adapted, merged_copy
 from clbench.atomic import atomic_dir, os_errors_of
 from clbench.run.rundir import IDENTITY_FILE, STUDENT_WEIGHTS, RunDirError
 
@@ -27,13 +28,15 @@ def saved_stages(run_dir: Path) -> list[int]:
     return sorted(found)
 
 
-def export_model(run_dir: str | Path, out_dir: str | Path, trust_remote_code: bool = False
-                 ) -> tuple[Path, int]:
+def export_model(run_dir: str | Path, out_dir: str | Path, trust_remote_code: bool = False,
+                 adapter_only: bool = False) -> tuple[Path, int]:
     """Write the student after the run's last saved stage to `out_dir` (which must be absent
     or empty); returns the folder and the stage. The weights keep the dtype they were trained
     in (fp32 master weights under mixed precision). The model's repository runs its own code
     only with `trust_remote_code` (the command's flag), whatever the run folder recorded: a
-    run folder is a file from whoever made it."""
+    run folder is a file from whoever made it. A run that trained an adapter is written with
+    the adapter merged in (a plain model), or with `adapter_only` the adapter alone in peft's
+    format."""
     from safetensors import safe_open
     from safetensors.torch import load_model as load_weights
 
@@ -62,7 +65,13 @@ def export_model(run_dir: str | Path, out_dir: str | Path, trust_remote_code: bo
     model, tokenizer = load_model(spec, device="cpu", dtype=torch_dtype,
                                   seed=int(identity.get("seed", 0)))
     load_weights(model, str(weights), device="cpu")
+    if adapter_only and not is_adapted(model):
+        raise RunDirError(f"{run_dir}: --adapter-only, but the run trained no adapter "
+                          "(model.adapter.kind: none); export the whole model instead")
     with atomic_dir(out) as tmp, os_errors_of(out):
-        model.save_pretrained(tmp)
+        if adapter_only:
+            adapter_files(model, tmp)
+        else:
+            merged_copy(model).save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return out, stages[-1]

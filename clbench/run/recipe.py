@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
+from clbench.adapters import is_adapted, merge_into_base
 from clbench.errors import RunFailed, UserError, stop_of
 from clbench.eval.records import examples_of
 from clbench.plugins import registry
@@ -300,6 +301,8 @@ class RunRecipe:
                              self.items.train_sets[stage - 1],  # type: ignore[arg-type]
                              resume=self.resume)
         self.resume = None  # taken: its optimizer state is not kept for later stages
+        if self.run.model.adapter.scope == "stage" and is_adapted(self.model):
+            merge_into_base(self.model)  # the next stage trains a fresh adapter
         for observer in self.observers:
             observer.after_training(self, stage, report)
         if main:

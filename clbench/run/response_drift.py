@@ -17,11 +17,11 @@ Responses are compared as token ids of their texts (re-encoded), the same for bo
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from clbench.adapters import merged_copy
 from clbench.eval.records import read_records, records_path
 from clbench.metrics.responses import edit_similarity, mean_token_kl
 
@@ -42,7 +42,7 @@ def base_model_copy(model: Any, weights: Path) -> Any | None:
 
     if not weights.is_file():
         return None
-    base = copy.deepcopy(unwrap(model))
+    base = merged_copy(unwrap(model))  # a plain model: the base weights fill its names
     names: dict[int, list[str]] = {}
     for name, p in base.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)

@@ -313,6 +313,27 @@ class ProtocolSpec(Spec):
         return diagnostics
 
 
+class AdapterSpec(Spec):
+    """A parameter-efficient adapter trained instead of the whole model (`clbench.adapters`)."""
+
+    kind: Literal["none", "lora"] = Field(
+        default="none", description="`none`: full fine-tuning; `lora`: LoRA layers (peft, "
+        "`pip install clbench[peft]`) on `target_modules`, the rest of the model frozen.")
+    r: int = Field(default=16, ge=1, description="LoRA rank.")
+    alpha: float = Field(default=32.0, gt=0.0, description="LoRA alpha: the update is scaled "
+                         "by alpha / r.")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA "
+                           "path's input while training.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default="all-linear", description="The modules that get an adapter: names or name "
+        "suffixes (`[q_proj, v_proj]`), or `all-linear` (every linear layer but the output "
+        "head), as peft reads them.")
+    scope: Literal["run", "stage"] = Field(
+        default="run", description="`run`: one adapter trained across the stages; `stage`: "
+        "each stage's adapter merged into the weights at the stage's end, a fresh one for the "
+        "next (both are used in the continual-learning literature).")
+
+
 class ModelSpec(Spec):
     """The model a run starts from."""
 
@@ -336,9 +357,19 @@ class ModelSpec(Spec):
         "vLLM engine colocated in each process (`pip install clbench[vllm]`, a CUDA GPU), "
         "corrected for its sampler by the method's `sampler_correction`; evaluation keeps the "
         "decode loop.")
+    adapter: AdapterSpec = Field(default_factory=AdapterSpec, description="Train a LoRA "
+                                 "adapter instead of the whole model (`kind: lora`).")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag, commit).")
     trust_remote_code: bool = Field(default=False, description="Allow code from the model "
                                     "repository to run; only set for repositories you trust.")
+
+    @model_validator(mode="after")
+    def _adapter_engine(self) -> ModelSpec:
+        if self.adapter.kind != "none" and self.generation == "vllm":
+            raise ValueError("model.adapter with model.generation: vllm is not supported: the "
+                             "engine is handed the model's weights by their plain names; use "
+                             "the `loop` or `static` engine with an adapter")
+        return self
 
     @field_validator("dtype", mode="before")
     @classmethod
@@ -396,7 +427,9 @@ MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True, "addo
 
 #: Fields added after suites were first hashed, at a default that measures what runs before them
 #: measured: hashed only when a suite sets another value, so adding them orphans no result.
-HASHED_WHEN_CHANGED: tuple[tuple[str, str, Any], ...] = (("protocol", "nonfinite_loss", "stop"),)
+HASHED_WHEN_CHANGED: tuple[tuple[str, str, Any], ...] = (
+    ("protocol", "nonfinite_loss", "stop"),
+    ("model", "adapter", AdapterSpec().model_dump(mode="json")))
 
 
 class SuiteSpec(Spec):

@@ -183,3 +183,27 @@ def test_sdpo_sharded_over_two_processes_trains_as_data_parallel(tmp_path: Path)
                  for d in (ddp, tmp_path / "fsdp")]
         assert [s["loss"] for s in steps[0]] == pytest.approx([s["loss"] for s in steps[1]],
                                                               rel=1e-5)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_a_lora_adapter_trains_alike_alone_data_parallel_and_sharded(tmp_path: Path) -> None:
+    """SFT of a LoRA adapter: one process, two data-parallel processes and two FSDP2 processes
+    end with the same adapter (the frozen base weights untouched everywhere)."""
+    from clbench.cli import cli
+
+    lora = [*RUN, "--set", "model.adapter.kind=lora", "--set", "model.adapter.r=4"]
+    one = tmp_path / "one"
+    res = CliRunner().invoke(cli, ["run", "--method", "sft", "--out", str(one), *lora],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    for name, config in (("ddp", None), ("fsdp", FSDP2_CONFIG)):
+        out = tmp_path / name
+        proc = _launch(["run", "--method", "sft", "--out", str(out), *lora], config=config)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        result = read_results(out / "results.json")
+        assert result.model.resolved["num_processes"] == 2
+        assert result.matrix == read_results(one / "results.json").matrix
+        weights, alone = _final_weights(out), _final_weights(one)
+        assert any(".lora_B." in k and float(alone[k].abs().max()) > 0 for k in alone)
+        assert _largest_difference(weights, alone) < 1e-6, name
