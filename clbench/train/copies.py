@@ -12,8 +12,16 @@ if TYPE_CHECKING:
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of `model` in eval mode whose parameters take no gradient."""
-    frozen = copy.deepcopy(model)
+    """A copy of `model` in eval mode whose parameters take no gradient. Of a model with a LoRA
+    adapter (:mod:`clbench.adapters`) only the adapters are copied: the frozen base weights are
+    shared with the student, which never changes them while a stage trains (an in-place update
+    of a shared weight by itself, an EMA or a refresh, leaves it exactly as it is)."""
+    from clbench.adapters import is_adapted
+
+    memo: dict[int, object] = {}
+    if is_adapted(model):
+        memo = {id(p): p for p in model.parameters() if not p.requires_grad}
+    frozen = copy.deepcopy(model, memo)
     frozen.eval()
     frozen.requires_grad_(False)
     return frozen

@@ -148,3 +148,28 @@ def test_a_lora_run_and_a_full_one_of_a_method_are_two_entries(tmp_path: Path) -
     groups = comparison_groups([(tmp_path / "a", full), (tmp_path / "b", lora)])
     (labels,) = groups.values()
     assert len(labels) == 2 and any("lora" in label for label in labels)
+
+
+def test_a_frozen_copy_of_an_adapted_model_copies_only_the_adapters() -> None:
+    """The SDPO teacher, GRPO's reference and LwF's stage-start model of a LoRA run share the
+    frozen base weights with the student; an EMA step leaves the shared weights exactly as
+    they are and moves only the copy's adapters."""
+    from clbench_methods.sdpo.teacher import TeacherWeights
+
+    model, _ = load_model(ModelSpec(name="tiny-llama", adapter=AdapterSpec(kind="lora", r=4)),
+                          device="cpu", dtype="float32")
+    teacher = TeacherWeights("ema", ema_rate=0.5)
+    teacher.start_stage(model, 4)
+    student = dict(model.named_parameters())
+    copied = dict(teacher.model.named_parameters())
+    base = "model.layers.0.self_attn.q_proj.base_layer.weight"
+    lora = "model.layers.0.self_attn.q_proj.lora_B.default.weight"
+    assert copied[base].data_ptr() == student[base].data_ptr()    # shared
+    assert copied[lora].data_ptr() != student[lora].data_ptr()    # copied
+    assert student[lora].requires_grad and not copied[lora].requires_grad
+    before = student[base].detach().clone()
+    with torch.no_grad():
+        student[lora].add_(1.0)
+    teacher.after_optimizer_step()
+    assert torch.equal(student[base], before)
+    assert torch.allclose(copied[lora], student[lora] - 0.5)
