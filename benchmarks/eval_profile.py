@@ -109,7 +109,7 @@ def profile_column(column: str, task: Any, examples: list[Any], model: Any, toke
     ids_of = {i: tokenizer.encode(c.text, add_special_tokens=False) for i, c in completions.items()}
     after = [tokens_after_answer(task, examples[i], ids_of[i], tokenizer) for i in ids_of]
     counted = [a for a in after if a is not None]
-    generated = sum(c.num_tokens for c in completions.values())
+    generated = sum(c.tokens for c in completions.values())
     return {
         "column": column, "items": len(examples), "batch_size": decoding.batch_size,
         "prompt_tokens_mean": real / len(prompts), "prompt_tokens_max": max(map(len, prompts)),
