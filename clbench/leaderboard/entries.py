@@ -311,8 +311,14 @@ def _suite_info(key: str, result: RunResult) -> dict[str, Any]:
             "name": result.suite.get("name"), **recorded, "recorded": recorded,
             "current": current, "is_current": is_current,
             "description": current["description"] if is_current else recorded["description"],
-            "stages": [s.get("name") for s in result.suite.get("stages", [])],
+            "stages": [s.get("name") for s in _as_list(result.suite.get("stages"))
+                       if isinstance(s, dict)],
             "entries": [], "superseded": False, "latest": result.updated}
+
+
+def _as_list(value: Any) -> list[Any]:
+    """`value` when a results file holds a list there, else nothing (a file is data)."""
+    return value if isinstance(value, list) else []
 
 
 def _current_suite(name: str) -> dict[str, Any] | None:

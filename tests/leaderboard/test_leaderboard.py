@@ -371,3 +371,16 @@ def test_an_entry_whose_seeds_come_from_different_commits_is_flagged(tmp_path: P
     assert entry["code"] == ["clbench aaaaaaa", "clbench bbbbbbb+dirty"]
     page = (tmp_path / "site" / "entries" / f"{entry['id']}.html").read_text()
     assert "b" * 40 + "+dirty" in page  # the revision whole, its +dirty mark kept
+
+
+def test_a_results_file_whose_suite_stages_are_not_a_list_still_builds(tmp_path: Path) -> None:
+    """Found by the hostile-results property test: `suite.stages: null` in a complete result."""
+    result = _result(tmp_path, "sft", 0, 0.5)
+    path = _write(tmp_path / "results", "sft-s0", result)
+    data = json.loads(path.read_text())
+    data["suite"]["stages"] = None
+    path.write_text(json.dumps(data))
+    res = CliRunner().invoke(cli, ["leaderboard", "build", str(tmp_path / "results"), "--out",
+                                   str(tmp_path / "site")])
+    assert res.exit_code in (0, 2), (res.output, res.exception)
+    assert res.exception is None or isinstance(res.exception, SystemExit)
