@@ -122,9 +122,15 @@ def merge_into_base(model: Any) -> None:
 
     with torch.no_grad():
         for _, layer in _lora_layers(model):
-            base = layer.get_base_layer()
-            base.weight += layer.get_delta_weight(ADAPTER_NAME).to(base.weight.dtype)
+            _fold(layer)
             layer.reset_lora_parameters(ADAPTER_NAME, True)
+
+
+def _fold(layer: Any) -> Any:
+    """Add a LoRA layer's update into its base layer's weight (no grad); the base layer."""
+    base = layer.get_base_layer()
+    base.weight += layer.get_delta_weight(ADAPTER_NAME).to(base.weight.dtype)
+    return base
 
 
 def merged_copy(model: Any) -> Any:
@@ -137,8 +143,7 @@ def merged_copy(model: Any) -> Any:
         return plain
     with torch.no_grad():
         for name, layer in _lora_layers(plain):
-            base = layer.get_base_layer()
-            base.weight += layer.get_delta_weight(ADAPTER_NAME).to(base.weight.dtype)
+            base = _fold(layer)
             parent_name, _, child = name.rpartition(".")
             setattr(plain.get_submodule(parent_name) if parent_name else plain, child, base)
     plain.clbench_adapter = None
