@@ -257,11 +257,39 @@ def _response_text(sample: dict[str, Any]) -> str:
 
 @contextmanager
 def _quiet_lm_eval() -> Iterator[None]:
-    """lm-eval logs every step at INFO/WARNING; keep the run's console readable."""
+    """lm-eval logs every step at INFO/WARNING and draws its own tqdm bars (building requests,
+    running them) on stderr, through a run's own progress display; keep the console to the
+    run's progress lines. The bars are silenced where lm-eval's modules hold tqdm (tqdm reads its
+    `TQDM_DISABLE` switch once, at import, so an environment variable set now would not)."""
     logger = logging.getLogger("lm_eval")
     previous = logger.level
     logger.setLevel(logging.ERROR)
+    swapped = _silence_bars("lm_eval")
     try:
         yield
     finally:
         logger.setLevel(previous)
+        for module, original in swapped:
+            module.tqdm = original
+
+
+def _silence_bars(package: str) -> list[tuple[Any, Any]]:
+    """Replace the `tqdm` of every loaded module of `package` that imported it with one whose
+    bars are off; returns (module, original) pairs to put back."""
+    import sys
+
+    from tqdm import tqdm
+
+    class SilentBar(tqdm):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    swapped = []
+    for name, module in list(sys.modules.items()):
+        if (name == package or name.startswith(package + ".")) and \
+                isinstance(getattr(module, "tqdm", None), type) and \
+                issubclass(module.tqdm, tqdm):
+            swapped.append((module, module.tqdm))
+            module.tqdm = SilentBar
+    return swapped
