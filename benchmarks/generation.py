@@ -17,7 +17,15 @@ transformers' `generate` over a static KV cache, whose decoding step it compiles
 on a GPU); the same jobs as `--compare loop`. On a GPU the first repeat of the static engine
 pays the compilation; the median leaves it out.
 
+`--compare settings` (evaluation, greedy): a run's evaluation under the suite's model settings
+(by default `eval_weights: compute`, the weights held in bf16 with no autocast, and
+`eval_batching: auto`, batches by tokens on a CPU) against the fp32 weights under autocast in
+batches of `protocol.decoding.batch_size`; also counts each way's correct completions, since
+both change bf16 rounding.
+
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
+    python benchmarks/generation.py starter --compare settings --n 100 --repeats 1 \
+        --columns math,science,tool_use,math_ood,science_ood,tool_use_ood
     python benchmarks/generation.py starter --compare loop --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare engine --device cuda --n 100
 
@@ -41,10 +49,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
-    ap.add_argument("--compare", choices=("cast", "loop", "engine"), default="cast",
+    ap.add_argument("--compare", choices=("cast", "loop", "engine", "settings"), default="cast",
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
                          "model.generate in evaluation and rollouts; engine: the decode loop "
-                         "against the static-cache engine, the same jobs")
+                         "against the static-cache engine, the same jobs; settings: evaluation "
+                         "under the suite's eval_weights and eval_batching against master "
+                         "weights in the protocol's batches")
     ap.add_argument("--columns", default="math,tool_use",
                     help="comma-separated task columns (and, for --compare loop, stages)")
     ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
@@ -62,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{suite.model.name} runs in {dist.precision.label} here (no autocast): no casts "
               "to compare", file=sys.stderr)
         return 1
-    compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine}[args.compare]
+    compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine,
+               "settings": compare_settings}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -84,6 +95,36 @@ def compare_cast(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
                                         lambda _device: contextlib.nullcontext())
     return {"cast once per call": cast_once, "cast per token": cast_per_token}, \
         eval_jobs(suite, model, tokenizer, args)
+
+
+def compare_settings(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                     ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Greedy evaluation of each column under the suite's `eval_weights` and `eval_batching`
+    / with master weights in the protocol's batches; each job gives (completion, correct)."""
+    from clbench.eval.column import EvalBatching, evaluate_column, make_generate_fn
+
+    decoding, settings = suite.protocol.decoding, suite.model
+    now = (EvalBatching.of(decoding, settings.eval_batching, model.device.type),
+           settings.eval_weights)
+    before = (EvalBatching(decoding.batch_size), "master")
+    chosen = {"way": now}
+
+    def job(column: str, task: Any, items: list[Any]) -> list[tuple[str, bool]]:
+        batching, weights = chosen["way"]
+        generate = make_generate_fn(model, tokenizer, decoding, batching=batching,
+                                    weights=weights)
+        cell = evaluate_column(column, task, items, generate, batch_size=batching.prompts,
+                               bootstrap_samples=1)
+        return [(record.completion, record.correct) for record in cell.records]
+
+    ways = {f"{now[1]} weights, {settings.eval_batching} batches":
+            lambda: chosen.update(way=now),
+            f"master weights, batches of {decoding.batch_size}":
+            lambda: chosen.update(way=before)}
+    jobs = [(f"eval {column} ({len(items)} items)",
+             lambda column=column, task=task, items=items: job(column, task, items))
+            for column, task, items in task_columns(suite, args.columns, args.n)]
+    return ways, jobs
 
 
 def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,
@@ -172,8 +213,11 @@ def time_ways(ways: dict[str, Any], generate: Any, repeats: int) -> dict[str, An
     finally:
         next(iter(ways.values()))()  # the library's own way again
     first, second = outputs.values()
-    return {"seconds": seconds, "same": sum(a == b for a, b in zip(first, second)),
-            "n": len(first)}
+    result = {"seconds": seconds, "same": sum(a == b for a, b in zip(first, second)),
+              "n": len(first)}
+    if first and isinstance(first[0], tuple):  # (completion, correct): each way's correct count
+        result["correct"] = [sum(c for _, c in out) for out in (first, second)]
+    return result
 
 
 def format_row(column: str, result: dict[str, Any]) -> str:
@@ -183,8 +227,9 @@ def format_row(column: str, result: dict[str, Any]) -> str:
         return f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]"
 
     ratio = statistics.median(theirs) / statistics.median(ours)
+    correct = " (correct {} / {})".format(*result["correct"]) if "correct" in result else ""
     return (f"| {column} | {cell(ours)} | {cell(theirs)} | {ratio:.2f}x | "
-            f"{result['same']}/{result['n']} |")
+            f"{result['same']}/{result['n']}{correct} |")
 
 
 if __name__ == "__main__":

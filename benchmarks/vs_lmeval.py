@@ -2,13 +2,15 @@
 
 The same model object, the same items (each column's first `--n` evaluation items of the suite,
 as chat prompts), the same greedy decoding (the suite's `max_new_tokens`, EOS ends an item), the
-same batch size, the same precision: clbench's evaluation (`clbench.eval.column.make_generate_fn`,
-batches of prompts of similar length as a run makes them) against `lm_eval.models.huggingface.HFLM
-.generate_until` (which sorts its requests by length itself). Under mixed precision both compute
-in bf16 over the fp32 weights: lm-eval through its `mixed_precision_dtype` autocast (whose cast
-cache lasts a `generate` call, as clbench's does).
+same precision: clbench's evaluation as a run evaluates (`clbench.eval.column.run_generate_fn`
+under the suite's model settings: by default the weights held in bf16 for greedy decoding and,
+on a CPU, batches by tokens; `--clbench-settings master` for the fp32 weights under autocast in
+the protocol's batches) against `lm_eval.models.huggingface.HFLM.generate_until` (which sorts its
+requests by length itself) at the suite's batch size (`--lmeval-batch-size` for another). Under
+mixed precision lm-eval computes in bf16 over the fp32 weights through its
+`mixed_precision_dtype` autocast (whose cast cache lasts a `generate` call).
 
-    python benchmarks/vs_lmeval.py starter --columns math,science,tool_use --n 48 --repeats 2
+    python benchmarks/vs_lmeval.py starter --columns math,science,tool_use --n 64 --repeats 2
 
 Prints items per second for each (median [min-max] of the repeats), the ratio, and how many
 completions are identical. lm-eval receives each prompt as the text clbench's tokenizer call
@@ -36,7 +38,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
     ap.add_argument("--repeats", type=int, default=2, help="timed runs of each (default 2)")
     ap.add_argument("--batch-size", type=int, default=None,
-                    help="evaluation batch size of both (default: the suite's)")
+                    help="the protocol's evaluation batch size (default: the suite's)")
+    ap.add_argument("--lmeval-batch-size", type=int, default=None,
+                    help="lm-eval's batch size (default: the protocol's)")
+    ap.add_argument("--clbench-settings", choices=("run", "master"), default="run",
+                    help="run: the suite's eval_weights and eval_batching, as a run evaluates; "
+                         "master: fp32 weights under autocast, the protocol's batches")
     add_machine_options(ap)
     return ap.parse_args(argv)
 
@@ -53,11 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         print("the suite's evaluation is sampled; lm-eval is compared on greedy decoding",
               file=sys.stderr)
         return 1
-    ours, theirs = clbench_eval(model, tokenizer, decoding, dist), lmeval_eval(
-        model, tokenizer, decoding, dist)
+    settings = suite.model if args.clbench_settings == "run" else suite.model.model_copy(
+        update={"eval_weights": "master", "eval_batching": "suite"})
+    ours = ClbenchEval(model, tokenizer, decoding, dist, settings)
+    theirs = LmEvalEval(model, tokenizer, decoding, dist, ours.texts,
+                        args.lmeval_batch_size or decoding.batch_size)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
-          f"{torch.get_num_threads()} threads, batch {decoding.batch_size}, greedy, "
-          f"{decoding.max_new_tokens} new tokens at most; median [min-max] of {args.repeats}")
+          f"{torch.get_num_threads()} threads, greedy, {decoding.max_new_tokens} new tokens at "
+          f"most; clbench: eval_weights {settings.eval_weights}, eval_batching "
+          f"{settings.eval_batching} ({ours.prompts} prompts a call), lm-eval: batch "
+          f"{theirs.batch_size}; median [min-max] of {args.repeats}")
     print("| column | clbench (items/s) | lm-eval HF (items/s) | ratio | identical |")
     print("|---|---:|---:|---:|---|")
     for column, task, items in task_columns(suite, args.columns, args.n):
@@ -79,13 +91,14 @@ def main(argv: list[str] | None = None) -> int:
 
 class ClbenchEval:
     """A column's items through clbench's evaluation (`evaluate_column`: batches of similar
-    length, the suite's decoding) under the run's autocast."""
+    length, the suite's decoding, the model `settings`) under the run's autocast."""
 
-    def __init__(self, model: Any, tokenizer: Any, decoding: Any, dist: Any) -> None:
-        from clbench.eval.column import make_generate_fn
+    def __init__(self, model: Any, tokenizer: Any, decoding: Any, dist: Any,
+                 settings: Any) -> None:
+        from clbench.eval.column import run_generate_fn
 
         self.tokenizer, self.decoding, self.dist = tokenizer, decoding, dist
-        self.generate = make_generate_fn(model, tokenizer, decoding)
+        self.generate, self.prompts = run_generate_fn(model, tokenizer, decoding, settings)
 
     def texts(self, prompts: list[Any]) -> list[str]:
         """Each prompt as the text clbench encodes."""
@@ -95,18 +108,19 @@ class ClbenchEval:
 
     def __call__(self, column: str, task: Any, items: list[Any]) -> list[str]:
         with self.dist.autocast():
-            return completions(column, task, items, self.generate, self.decoding.batch_size)
+            return completions(column, task, items, self.generate, self.prompts)
 
 
 class LmEvalEval:
     """The same prompts through lm-eval's `HFLM.generate_until`."""
 
     def __init__(self, model: Any, tokenizer: Any, decoding: Any, dist: Any,
-                 texts: Any) -> None:
+                 texts: Any, batch_size: int) -> None:
         from lm_eval.models.huggingface import HFLM
 
         mixed = dist.precision.mixed
-        self.lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=decoding.batch_size,
+        self.batch_size = batch_size
+        self.lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size,
                        device=str(dist.device), max_gen_toks=decoding.max_new_tokens,
                        mixed_precision_dtype=dist.precision.compute if mixed else None)
         self.decoding, self.texts = decoding, texts
@@ -119,15 +133,6 @@ class LmEvalEval:
         requests = [Instance("generate_until", {}, (text, dict(kwargs)), i)
                     for i, text in enumerate(self.texts([ex.messages for ex in items]))]
         return self.lm.generate_until(requests, disable_tqdm=True)
-
-
-def clbench_eval(model: Any, tokenizer: Any, decoding: Any, dist: Any) -> ClbenchEval:
-    return ClbenchEval(model, tokenizer, decoding, dist)
-
-
-def lmeval_eval(model: Any, tokenizer: Any, decoding: Any, dist: Any) -> LmEvalEval:
-    return LmEvalEval(model, tokenizer, decoding, dist,
-                      ClbenchEval(model, tokenizer, decoding, dist).texts)
 
 
 def check_same_ids(tokenizer: Any, prompts: list[Any], lm: Any, texts: list[str]) -> None:

@@ -22,7 +22,7 @@ from clbench.tasks.base import Example, Messages, TaskSource, grade_all
 
 if TYPE_CHECKING:
     from clbench.progress import AnyProgress
-    from clbench.spec.schema import DecodingSpec
+    from clbench.spec.schema import DecodingSpec, ModelSpec
 
 
 
@@ -121,8 +121,37 @@ def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples
                       interval.as_dict() if interval else None, list(records))
 
 
+#: Under `model.eval_batching: auto` on a CPU, the tokens (prompt, padded to the batch's
+#: longest, plus the token cap) one evaluation batch holds: measured fastest on a 2-core CPU
+#: with AVX512-BF16 for the starter's columns (64 math prompts of 180 tokens a batch, 17 tool-use
+#: prompts of 700; docs/performance.md, "Evaluation batches").
+CPU_BATCH_TOKENS = 12_288
+#: ... and at most this many times `protocol.decoding.batch_size` prompts.
+AUTO_BATCH_GROWTH = 4
+
+
+@dataclass(frozen=True)
+class EvalBatching:
+    """How a column's prompts are batched: `prompts` per call of the generation function (and
+    per progress step), split by the generator into batches of at most `token_budget` tokens
+    (None: batches of `prompts`)."""
+
+    prompts: int
+    token_budget: int | None = None
+
+    @classmethod
+    def of(cls, decoding: DecodingSpec, mode: str = "suite", device_type: str = "cpu"
+           ) -> EvalBatching:
+        """`model.eval_batching` on a device: `suite`, the protocol's batch size; `auto`, on a
+        CPU, batches by :data:`CPU_BATCH_TOKENS`; elsewhere (not measured) the protocol's."""
+        if mode == "auto" and device_type == "cpu":
+            return cls(decoding.batch_size * AUTO_BATCH_GROWTH, CPU_BATCH_TOKENS)
+        return cls(decoding.batch_size)
+
+
 def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
-                     seed: int = 0, engine: str = "loop") -> GenerateFn:
+                     seed: int = 0, engine: str = "loop", batching: EvalBatching | None = None,
+                     weights: str = "master") -> GenerateFn:
     """A generation function for evaluation with the protocol's decoding.
 
     Prompts go through the engine's generator (the same chat encoding, EOS handling and padding
@@ -130,7 +159,9 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
     sampled evaluation is seeded so a row is reproducible: the n-th call samples with a seed
     derived from (``seed``, n), so the batches of a column draw different random numbers.
     ``engine``: `ModelSpec.generation` (an engine that only draws training rollouts, `vllm`,
-    evaluates with the decode loop: :func:`clbench.train.rollout.evaluation_engine`).
+    evaluates with the decode loop: :func:`clbench.train.rollout.evaluation_engine`);
+    ``batching``: the generator's batches (default: the protocol's batch size); ``weights``:
+    `ModelSpec.eval_weights`, how greedy decoding holds the weights under mixed precision.
     """
     import dataclasses
     import itertools
@@ -138,8 +169,10 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
     from clbench.seeding import derive_seed
     from clbench.train.rollout import HFGenerator, SamplingParams, evaluation_engine
 
-    generator = HFGenerator(model, tokenizer, batch_size=decoding.batch_size,
-                            engine=evaluation_engine(engine))
+    batching = batching or EvalBatching(decoding.batch_size)
+    generator = HFGenerator(model, tokenizer, batch_size=batching.prompts,
+                            engine=evaluation_engine(engine),
+                            token_budget=batching.token_budget, greedy_weights=weights)
     params = SamplingParams.from_decoding(decoding, seed=seed)
     calls = itertools.count()
 
@@ -149,3 +182,12 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
                 for r in generator.generate(list(prompts), call)]
 
     return generate
+
+
+def run_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec, settings: ModelSpec,
+                    seed: int = 0) -> tuple[GenerateFn, int]:
+    """How a run evaluates a column: the generation function under the run's model settings
+    (`generation`, `eval_batching`, `eval_weights`) and the prompts to hand it at a time."""
+    batching = EvalBatching.of(decoding, settings.eval_batching, model.device.type)
+    return make_generate_fn(model, tokenizer, decoding, seed=seed, engine=settings.generation,
+                            batching=batching, weights=settings.eval_weights), batching.prompts

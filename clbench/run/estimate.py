@@ -164,21 +164,20 @@ def estimate_run(cal: Calibration, plans: Sequence[ColumnPlan],
 
 
 def _column_cost(cal: Calibration, plan: ColumnPlan) -> ColumnCost:
-    from clbench.eval.column import evaluate_column, make_generate_fn
+    from clbench.eval.column import evaluate_column, run_generate_fn
     from clbench.train.rollout import encode_chat
 
     assert plan.task is not None
     decoding = cal.run.suite.protocol.decoding
-    batch = middle_batch(plan.examples, decoding.batch_size,
+    generate, prompts = run_generate_fn(cal.model, cal.tokenizer, decoding, cal.run.model)
+    batch = middle_batch(plan.examples, prompts,
                          lambda ex: len(encode_chat(cal.tokenizer, ex.messages)))
     cal.on_step(f"evaluation batch of {plan.name}")
-    generate = make_generate_fn(cal.model, cal.tokenizer, decoding,
-                                engine=cal.run.model.generation)
     started = time.perf_counter()
     with cal.dist.autocast():
         evaluate_column(plan.name, plan.task, batch, generate, batch_size=len(batch) or 1,
                         bootstrap_samples=1)
-    return ColumnCost(plan.name, len(plan.examples), decoding.batch_size,
+    return ColumnCost(plan.name, len(plan.examples), len(batch) or 1,
                       time.perf_counter() - started)
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from clbench.atomic import atomic_write_text
 from clbench.errors import UserError
-from clbench.eval.column import CellResult, evaluate_column, make_generate_fn, summarise_cell
+from clbench.eval.column import CellResult, evaluate_column, run_generate_fn, summarise_cell
 from clbench.eval.records import read_records, records_path, write_records
 from clbench.plugins import registry
 from clbench.results import Cell
@@ -159,11 +159,11 @@ def _task_cell(ctx: RunContext, row: int, plan: ColumnPlan) -> CellResult:
         label += f" (items {first + 1}-{first + len(examples)} of {len(plan.examples)})"
     # Seeded per column (and share): a column sampled after a resume that skipped the columns
     # before it draws what it would have drawn.
-    generate = make_generate_fn(ctx.model, ctx.tokenizer, decoding,
-                                seed=derive_seed(run.seed, row, "eval", plan.name, first),
-                                engine=run.model.generation)
+    generate, prompts = run_generate_fn(
+        ctx.model, ctx.tokenizer, decoding, run.model,
+        seed=derive_seed(run.seed, row, "eval", plan.name, first))
     cell = evaluate_column(plan.name, plan.task, examples, generate,  # type: ignore[arg-type]
-                           batch_size=decoding.batch_size,
+                           batch_size=prompts,
                            bootstrap_samples=0 if sharded else boot,  # after the gather
                            progress=ctx.progress, description=label)
     if sharded:

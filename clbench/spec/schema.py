@@ -357,6 +357,20 @@ class ModelSpec(Spec):
         "vLLM engine colocated in each process (`pip install clbench[vllm]`, a CUDA GPU), "
         "corrected for its sampler by the method's `sampler_correction`; evaluation keeps the "
         "decode loop.")
+    eval_weights: Literal["compute", "master"] = Field(
+        default="compute", description="How greedy evaluation holds the weights under mixed "
+        "precision: `compute`, in the compute dtype (bf16) for the call, computed without "
+        "autocast (no activation casts; norms, residual stream and KV cache in bf16 too: "
+        "1.1-1.2x faster on a CPU, scores within a near-tie of `master`'s, docs/performance.md); "
+        "`master`, the fp32 weights under autocast, as training computes. Sampled decoding "
+        "(rollouts, sampled evaluation) always uses the master weights.")
+    eval_batching: Literal["auto", "suite"] = Field(
+        default="auto", description="How evaluation batches a column's prompts: `auto`, on a "
+        "CPU, as many as fit 12,288 tokens of prompt and answer (up to 4x "
+        "`protocol.decoding.batch_size`: short prompts in large batches, long ones in small; "
+        "measured fastest there, docs/performance.md), elsewhere the protocol's batch size; "
+        "`suite`, always `protocol.decoding.batch_size`. In bf16 a batch of another composition "
+        "rounds a near-tie differently; scores are unchanged within that.")
     adapter: AdapterSpec = Field(default_factory=AdapterSpec, description="Train a LoRA "
                                  "adapter instead of the whole model (`kind: lora`).")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag, commit).")
@@ -418,7 +432,8 @@ def entry_name(method: str, addons: list[str] | tuple[str, ...] = ()) -> str:
 #: it), the generation engine (the same greedy tokens; like the device, how a machine runs
 #: the suite) and the folders a task's files were read from.
 MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True, "addons": True,
-                                     "model": {"generation": True},
+                                     "model": {"generation": True, "eval_weights": True,
+                                               "eval_batching": True},
                                      "protocol": {"diagnostics": True},
                                      # where this machine keeps a task's files, not what they hold
                                      "stages": {"__all__": {"task": {"folder", "suite_folder"}}},

@@ -132,3 +132,20 @@ def test_sampled_evaluation_draws_afresh_in_every_batch_and_repeats_per_seed() -
     assert len(set(first)) > 1  # not the same random numbers in every batch
     assert batches(seed=7) == first  # and the same seed samples the same again
     assert batches(seed=8) != first
+
+
+def test_a_run_batches_evaluation_by_tokens_on_a_cpu_and_by_the_protocol_elsewhere() -> None:
+    from clbench.eval.column import CPU_BATCH_TOKENS, EvalBatching, run_generate_fn
+    from clbench.models import load_model
+    from clbench.spec.schema import DecodingSpec, ModelSpec
+
+    decoding = DecodingSpec(batch_size=16)
+    assert EvalBatching.of(decoding, "auto", "cpu") == EvalBatching(64, CPU_BATCH_TOKENS)
+    assert EvalBatching.of(decoding, "auto", "cuda") == EvalBatching(16, None)  # not measured
+    assert EvalBatching.of(decoding, "suite", "cpu") == EvalBatching(16, None)
+    model, tokenizer = load_model("tiny-llama", device="cpu", dtype="float32", seed=1)
+    _, prompts = run_generate_fn(model, tokenizer, decoding, ModelSpec(name="tiny-llama"))
+    assert prompts == 64
+    _, prompts = run_generate_fn(model, tokenizer, decoding,
+                                 ModelSpec(name="tiny-llama", eval_batching="suite"))
+    assert prompts == 16

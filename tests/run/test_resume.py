@@ -373,7 +373,7 @@ def test_a_column_scored_nan_is_saved_and_kept_like_any_other(
         return CellResult(column, float("nan"), float("nan"), len(records), None, records)
 
     monkeypatch.setattr(rows, "evaluate_column", nan_cell)
-    monkeypatch.setattr(rows, "make_generate_fn", lambda *args, **kwargs: None)
+    monkeypatch.setattr(rows, "run_generate_fn", lambda *args, **kwargs: (None, 16))
     with run_progress(Console(quiet=True)) as progress:
         rows.evaluate_row(RunContext(run=run, run_dir=Path(run.out_dir), model=None,
                                      tokenizer=None, progress=progress, plans=plans,

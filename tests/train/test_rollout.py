@@ -306,3 +306,103 @@ def test_the_static_cache_engine_gives_the_decode_loops_greedy_tokens(model_and_
     assert all("entropy" not in r.metadata for r in sampled)  # generate measures none
     with pytest.raises(ValueError, match="engine must be one of loop, static"):
         HFGenerator(model, tok, engine="compiled")
+
+
+def test_row_batches_fill_a_token_budget_with_short_rows_and_keep_long_rows_few() -> None:
+    from clbench.train.rollout import row_batches
+
+    # fixed batches without a budget
+    assert row_batches([9, 8, 7, 6, 5], max_rows=2) == [(0, 2), (2, 4), (4, 5)]
+    # rows sorted longest first: 3 x 100 = 300 fits, 4 x 100 does not; then 40s fit 7 a batch
+    # (7 x 40 = 280) but max_rows stops at 5
+    lengths = [100, 100, 90, 90, 40, 40, 40, 40, 40, 40, 40]
+    assert row_batches(lengths, max_rows=5, token_budget=300) == [
+        (0, 3), (3, 6), (6, 11)]
+    # the batch's longest row sets its width: 90 + a row of 200 would be 400 > 300
+    assert row_batches([90, 200, 10], max_rows=8, token_budget=300) == [(0, 1), (1, 2), (2, 3)]
+    # a row longer than the budget still gets a batch of its own
+    assert row_batches([500], max_rows=4, token_budget=300) == [(0, 1)]
+    assert row_batches([], max_rows=4, token_budget=300) == []
+
+
+def test_a_token_budget_changes_the_batches_not_the_greedy_tokens(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    calls: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: calls.append(kwargs["input_ids"].shape[1] > 1),
+        with_kwargs=True)
+    try:
+        fixed = HFGenerator(model, tok, batch_size=8).generate(PROMPTS * 3, greedy(6))
+        prefills_fixed, calls[:] = sum(calls), []
+        budgeted = HFGenerator(model, tok, batch_size=8, token_budget=60).generate(
+            PROMPTS * 3, greedy(6))
+        prefills_budgeted = sum(calls)
+    finally:
+        hook.remove()
+    assert [r.completion_ids for r in fixed] == [r.completion_ids for r in budgeted]
+    assert prefills_fixed == 2 and prefills_budgeted > 2  # 9 rows: 8 + 1, then smaller
+
+
+def test_greedy_decoding_in_compute_weights_is_the_bf16_model_and_leaves_the_masters(
+        model_and_tokenizer):
+    import copy
+
+    import torch
+
+    model, tok = model_and_tokenizer
+    masters = [p.data for p in model.parameters()]
+    values = [m.clone() for m in masters]
+    seen: list[tuple[torch.dtype, bool]] = []
+    hook = model.lm_head.register_forward_hook(lambda module, *_: seen.append(
+        (module.weight.dtype, torch.is_autocast_enabled("cpu"))))
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            compute = HFGenerator(model, tok, batch_size=8, greedy_weights="compute").generate(
+                PROMPTS, greedy(16))
+            assert torch.is_autocast_enabled("cpu")  # the run's autocast is back
+    finally:
+        hook.remove()
+    assert seen and all(s == (torch.bfloat16, False) for s in seen)
+    # the same tensors, untouched: an optimizer holding them sees nothing change
+    assert all(p.data_ptr() == m.data_ptr() and p.dtype == torch.float32
+               for p, m in zip(model.parameters(), masters))
+    assert all(torch.equal(m, v) for m, v in zip(masters, values))
+    # exactly what a bf16 copy of the model decodes without autocast
+    expected = HFGenerator(copy.deepcopy(model).to(torch.bfloat16), tok, batch_size=8).generate(
+        PROMPTS, greedy(16))
+    assert [r.completion_ids for r in compute] == [r.completion_ids for r in expected]
+
+
+def test_sampled_rollouts_keep_the_master_weights_whatever_greedy_decoding_does(
+        model_and_tokenizer):
+    import torch
+
+    model, tok = model_and_tokenizer
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=10, seed=4)
+    dtypes: list[torch.dtype] = []
+    hook = model.lm_head.register_forward_hook(lambda module, *_: dtypes.append(
+        module.weight.dtype))
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+            master = HFGenerator(model, tok, greedy_weights="master").generate(PROMPTS, params)
+            compute = HFGenerator(model, tok, greedy_weights="compute").generate(PROMPTS, params)
+    finally:
+        hook.remove()
+    assert set(dtypes) == {torch.float32}
+    assert [r.completion_ids for r in master] == [r.completion_ids for r in compute]
+
+
+def test_compute_weights_outside_mixed_precision_change_nothing(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    plain = HFGenerator(model, tok, batch_size=8).generate(PROMPTS, greedy(16))
+    compute = HFGenerator(model, tok, batch_size=8, greedy_weights="compute").generate(
+        PROMPTS, greedy(16))
+    assert [r.completion_ids for r in plain] == [r.completion_ids for r in compute]
+
+
+def test_generator_settings_are_checked(model_and_tokenizer):
+    model, tok = model_and_tokenizer
+    with pytest.raises(ValueError, match="greedy_weights must be one of master, compute"):
+        HFGenerator(model, tok, greedy_weights="fp16")
+    with pytest.raises(ValueError, match="token_budget must be >= 1"):
+        HFGenerator(model, tok, token_budget=0)
