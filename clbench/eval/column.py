@@ -151,7 +151,7 @@ class EvalBatching:
 
 def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
                      seed: int = 0, engine: str = "loop", batching: EvalBatching | None = None,
-                     weights: str = "master") -> GenerateFn:
+                     weights: str = "master", drafts: int = 0) -> GenerateFn:
     """A generation function for evaluation with the protocol's decoding.
 
     Prompts go through the engine's generator (the same chat encoding, EOS handling and padding
@@ -161,7 +161,8 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
     ``engine``: `ModelSpec.generation` (an engine that only draws training rollouts, `vllm`,
     evaluates with the decode loop: :func:`clbench.train.rollout.evaluation_engine`);
     ``batching``: the generator's batches (default: the protocol's batch size); ``weights``:
-    `ModelSpec.eval_weights`, how greedy decoding holds the weights under mixed precision.
+    `ModelSpec.eval_weights`, how greedy decoding holds the weights under mixed precision;
+    ``drafts``: `ModelSpec.eval_drafts`, prompt-lookup drafts per greedy decoding step.
     """
     import dataclasses
     import itertools
@@ -172,7 +173,8 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
     batching = batching or EvalBatching(decoding.batch_size)
     generator = HFGenerator(model, tokenizer, batch_size=batching.prompts,
                             engine=evaluation_engine(engine),
-                            token_budget=batching.token_budget, greedy_weights=weights)
+                            token_budget=batching.token_budget, greedy_weights=weights,
+                            drafts=drafts)
     params = SamplingParams.from_decoding(decoding, seed=seed)
     calls = itertools.count()
 
@@ -187,7 +189,9 @@ def make_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec,
 def run_generate_fn(model: Any, tokenizer: Any, decoding: DecodingSpec, settings: ModelSpec,
                     seed: int = 0) -> tuple[GenerateFn, int]:
     """How a run evaluates a column: the generation function under the run's model settings
-    (`generation`, `eval_batching`, `eval_weights`) and the prompts to hand it at a time."""
+    (`generation`, `eval_batching`, `eval_weights`, `eval_drafts`) and the prompts to hand it at
+    a time."""
     batching = EvalBatching.of(decoding, settings.eval_batching, model.device.type)
     return make_generate_fn(model, tokenizer, decoding, seed=seed, engine=settings.generation,
-                            batching=batching, weights=settings.eval_weights), batching.prompts
+                            batching=batching, weights=settings.eval_weights,
+                            drafts=settings.eval_drafts), batching.prompts

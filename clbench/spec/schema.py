@@ -334,6 +334,10 @@ class AdapterSpec(Spec):
         "next (both are used in the continual-learning literature).")
 
 
+#: The most prompt-lookup drafts a greedy decoding step scores (`ModelSpec.eval_drafts`).
+MAX_DRAFTS = 16
+
+
 class ModelSpec(Spec):
     """The model a run starts from."""
 
@@ -371,6 +375,13 @@ class ModelSpec(Spec):
         "measured fastest there, docs/performance.md), elsewhere the protocol's batch size; "
         "`suite`, always `protocol.decoding.batch_size`. In bf16 a batch of another composition "
         "rounds a near-tie differently; scores are unchanged within that.")
+    eval_drafts: int = Field(
+        default=0, ge=0, le=MAX_DRAFTS, description="Prompt-lookup decoding for greedy "
+        "evaluation with the decode loop: up to this many tokens drafted from each item's own "
+        "prompt and answer (where its last tokens occurred before) are scored with each new "
+        "token in one forward, and kept while they are the greedy choice; the greedy tokens in "
+        "exact arithmetic (bf16 rounds several positions at once differently: a near-tie may "
+        "flip). 0: one token per forward.")
     adapter: AdapterSpec = Field(default_factory=AdapterSpec, description="Train a LoRA "
                                  "adapter instead of the whole model (`kind: lora`).")
     revision: str | None = Field(default=None, description="Hub revision (branch, tag, commit).")
@@ -433,7 +444,7 @@ def entry_name(method: str, addons: list[str] | tuple[str, ...] = ()) -> str:
 #: the suite) and the folders a task's files were read from.
 MEASURED_EXCLUDES: dict[str, Any] = {"description": True, "methods": True, "addons": True,
                                      "model": {"generation": True, "eval_weights": True,
-                                               "eval_batching": True},
+                                               "eval_batching": True, "eval_drafts": True},
                                      "protocol": {"diagnostics": True},
                                      # where this machine keeps a task's files, not what they hold
                                      "stages": {"__all__": {"task": {"folder", "suite_folder"}}},

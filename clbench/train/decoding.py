@@ -78,7 +78,7 @@ def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: R
     rows = input_ids.shape[0]
     generated: list[list[int]] = [[] for _ in range(rows)]
     live = list(range(rows))
-    logits = _prefill(model, input_ids, attention, plan.prompts, cache)
+    logits = prefill(model, input_ids, attention, plan.prompts, cache)
     mask = attention
     position = attention.long().sum(-1, keepdim=True) - 1  # last prompt token's position
     for _ in range(max(plan.caps)):
@@ -91,7 +91,7 @@ def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: R
         going = []
         for j, (row, token) in enumerate(zip(live, tokens.tolist())):
             generated[row].append(token)
-            if not _ended(generated[row], row, plan):
+            if not row_ended(generated[row], row, plan):
                 going.append(j)
         if not going:
             break
@@ -102,17 +102,19 @@ def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: R
             cache.batch_select_indices(keep)
         mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
         position = position + 1
-        logits = _forward(model, tokens[:, None], mask, position, cache, last_only=False)[:, -1]
+        logits = forward_logits(model, tokens[:, None], mask, position, cache,
+                                last_only=False)[:, -1]
     return generated
 
 
-def _ended(ids: list[int], row: int, plan: RowPlan) -> bool:
+def row_ended(ids: list[int], row: int, plan: RowPlan) -> bool:
+    """Whether a row's ids end it: EOS, its token cap, or a stop string in its newest tokens."""
     return (ids[-1] in plan.eos_ids or len(ids) >= plan.caps[row]
             or (plan.stops is not None and plan.stops.hit(ids)))
 
 
-def _prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
-             row_prompts: Sequence[int], cache: Any) -> torch.Tensor:
+def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
+            row_prompts: Sequence[int], cache: Any) -> torch.Tensor:
     """Next-token logits of every row after its prompt, the cache filled with every row's
     prompt: each distinct prompt computed once and copied to the rows that repeat it."""
     import torch
@@ -125,7 +127,7 @@ def _prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
         distinct = torch.tensor(list(first.values()), device=input_ids.device)
         input_ids, attention = input_ids[distinct], attention[distinct]
     positions = (attention.long().cumsum(-1) - 1).masked_fill(attention == 0, 0)
-    logits = _forward(model, input_ids, attention, positions, cache, last_only=True)[:, -1]
+    logits = forward_logits(model, input_ids, attention, positions, cache, last_only=True)[:, -1]
     if shared:
         order = {prompt: k for k, prompt in enumerate(first)}
         copies = torch.tensor([order[p] for p in row_prompts], device=input_ids.device)
@@ -134,7 +136,7 @@ def _prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
     return logits
 
 
-def _forward(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+def forward_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
              cache: Any, last_only: bool) -> torch.Tensor:
     """The model's logits (fp32, as `generate` processes them); `last_only`: for the last
     position alone where the model can skip the others (a vocabulary row per prompt token)."""

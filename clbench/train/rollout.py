@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from clbench.errors import UserError
 from clbench.tasks.base import Example, Messages, continuation, split_response_start
-from clbench.train import decoding
+from clbench.train import decoding, prompt_lookup
 
 if TYPE_CHECKING:
     import torch
@@ -226,7 +226,7 @@ class HFGenerator(Generator):
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  batch_size: int = 16, engine: str = "loop", token_budget: int | None = None,
-                 greedy_weights: str = "master") -> None:
+                 greedy_weights: str = "master", drafts: int = 0) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if engine not in GENERATION_ENGINES:
@@ -234,6 +234,8 @@ class HFGenerator(Generator):
                              f"got {engine!r}")
         if token_budget is not None and token_budget < 1:
             raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+        if drafts < 0:
+            raise ValueError(f"drafts must be >= 0, got {drafts}")
         if greedy_weights not in GREEDY_WEIGHTS:
             raise ValueError(f"greedy_weights must be one of {', '.join(GREEDY_WEIGHTS)}, "
                              f"got {greedy_weights!r}")
@@ -247,6 +249,9 @@ class HFGenerator(Generator):
         #: greedy decoding under mixed precision: `master`, the fp32 weights under autocast;
         #: `compute`, the weights held in the compute dtype (:func:`weights_in_compute_dtype`)
         self.greedy_weights = greedy_weights
+        #: prompt-lookup drafts scored with each new token in greedy decoding by the decode
+        #: loop (:mod:`clbench.train.prompt_lookup`); 0: one token per forward
+        self.drafts = drafts
 
     def eos_token_ids(self) -> set[int]:
         """Every id that ends a completion: the tokenizer's EOS and the model's configured ones."""
@@ -338,6 +343,9 @@ class HFGenerator(Generator):
         with torch.no_grad():
             if cache is not None:
                 plan = decoding.RowPlan(row_prompts, row_caps, frozenset(eos_ids), stops)
+                if params.greedy and self.drafts:
+                    return prompt_lookup.decode_with_drafts(self.model, input_ids, attention, plan,
+                                                            cache, self.drafts, pad_id)
                 return decoding.decode(self.model, input_ids, attention, plan,
                                        decoding.Sampling(params.temperature, params.top_p), cache,
                                        entropy=entropy)

@@ -274,16 +274,18 @@ def test_the_generation_engine_is_not_part_of_what_a_suite_measures(write_suite)
         load_suite(write_suite(text + "model: {generation: compiled}\n", name="d.yaml"))
 
 
-def test_how_evaluation_holds_weights_and_batches_is_not_part_of_the_hash(write_suite) -> None:
+def test_how_evaluation_holds_weights_batches_and_drafts_is_not_hashed(write_suite) -> None:
     # like the engine: how a machine computes the suite's greedy rows, not what they measure
     text = "name: t\nstages: [{name: a, budget: {steps: 1, lr: 0.1}, task: {source: s}}]\n"
     plain = load_suite(write_suite(text, name="a.yaml"))
     assert (plain.model.eval_weights, plain.model.eval_batching) == ("compute", "auto")
-    other = load_suite(write_suite(text + "model: {eval_weights: master, eval_batching: suite}\n",
-                                   name="b.yaml"))
+    other = load_suite(write_suite(text + "model: {eval_weights: master, eval_batching: suite, "
+                                   "eval_drafts: 4}\n", name="b.yaml"))
     assert other.content_hash() == plain.content_hash()
     with pytest.raises(SpecError, match="eval_weights"):
         load_suite(write_suite(text + "model: {eval_weights: fp16}\n", name="c.yaml"))
+    with pytest.raises(SpecError, match="eval_drafts"):
+        load_suite(write_suite(text + "model: {eval_drafts: -1}\n", name="d.yaml"))
 
 
 def test_suite_found_by_name_through_the_search_path(write_suite, monkeypatch) -> None:

@@ -239,8 +239,8 @@ def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_d
     try:
         shared = generator.generate(PROMPTS, params)
         assert prefills == [2, 1]  # one row per distinct prompt, not one per sample
-        prefill = decoding._prefill  # each row its own prompt: one prefill per sample
-        monkeypatch.setattr(decoding, "_prefill", lambda model, ids, mask, rows, cache: prefill(
+        prefill = decoding.prefill  # each row its own prompt: one prefill per sample
+        monkeypatch.setattr(decoding, "prefill", lambda model, ids, mask, rows, cache: prefill(
             model, ids, mask, range(len(rows)), cache))
         prefills.clear()
         separate = generator.generate(PROMPTS, params)
