@@ -21,7 +21,8 @@ pays the compilation; the median leaves it out.
 (by default `eval_weights: compute`, the weights held in bf16 with no autocast, and
 `eval_batching: auto`, batches by tokens on a CPU) against the fp32 weights under autocast in
 batches of `protocol.decoding.batch_size`; also counts each way's correct completions, since
-both change bf16 rounding.
+both change bf16 rounding. `--compare drafts`: a run's evaluation with prompt-lookup drafts
+(`eval_drafts`, `--drafts`, default 4) against without.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare settings --n 100 --repeats 1 \
@@ -49,12 +50,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
-    ap.add_argument("--compare", choices=("cast", "loop", "engine", "settings"), default="cast",
+    ap.add_argument("--compare", choices=("cast", "loop", "engine", "settings", "drafts"),
+                    default="cast",
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
                          "model.generate in evaluation and rollouts; engine: the decode loop "
                          "against the static-cache engine, the same jobs; settings: evaluation "
                          "under the suite's eval_weights and eval_batching against master "
-                         "weights in the protocol's batches")
+                         "weights in the protocol's batches; drafts: evaluation with "
+                         "prompt-lookup drafts against without")
+    ap.add_argument("--drafts", type=int, default=4, help="drafts per step for --compare drafts")
     ap.add_argument("--columns", default="math,tool_use",
                     help="comma-separated task columns (and, for --compare loop, stages)")
     ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
@@ -73,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
               "to compare", file=sys.stderr)
         return 1
     compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine,
-               "settings": compare_settings}[args.compare]
+               "settings": compare_settings, "drafts": compare_drafts}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -101,30 +105,43 @@ def compare_settings(suite: Any, model: Any, tokenizer: Any, args: argparse.Name
                      ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
     """Greedy evaluation of each column under the suite's `eval_weights` and `eval_batching`
     / with master weights in the protocol's batches; each job gives (completion, correct)."""
-    from clbench.eval.column import EvalBatching, evaluate_column, make_generate_fn
+    settings = suite.model
+    before = settings.model_copy(update={"eval_weights": "master", "eval_batching": "suite"})
+    return settings_jobs(suite, model, tokenizer, args, {
+        f"{settings.eval_weights} weights, {settings.eval_batching} batches": settings,
+        f"master weights, batches of {suite.protocol.decoding.batch_size}": before})
 
-    decoding, settings = suite.protocol.decoding, suite.model
-    now = (EvalBatching.of(decoding, settings.eval_batching, model.device.type),
-           settings.eval_weights)
-    before = (EvalBatching(decoding.batch_size), "master")
-    chosen = {"way": now}
+
+def compare_drafts(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                   ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Greedy evaluation of each column under the suite's settings with `--drafts`
+    prompt-lookup drafts / without."""
+    settings = suite.model
+    return settings_jobs(suite, model, tokenizer, args, {
+        f"{args.drafts} drafts": settings.model_copy(update={"eval_drafts": args.drafts}),
+        "no drafts": settings.model_copy(update={"eval_drafts": 0})})
+
+
+def settings_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,
+                  ways: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Two ways (model settings by name) of evaluating each column as a run does; each job
+    gives (completion, correct) per item."""
+    from clbench.eval.column import evaluate_column, run_generate_fn
+
+    decoding = suite.protocol.decoding
+    chosen = {"settings": next(iter(ways.values()))}
 
     def job(column: str, task: Any, items: list[Any]) -> list[tuple[str, bool]]:
-        batching, weights = chosen["way"]
-        generate = make_generate_fn(model, tokenizer, decoding, batching=batching,
-                                    weights=weights)
-        cell = evaluate_column(column, task, items, generate, batch_size=batching.prompts,
+        generate, prompts = run_generate_fn(model, tokenizer, decoding, chosen["settings"])
+        cell = evaluate_column(column, task, items, generate, batch_size=prompts,
                                bootstrap_samples=1)
         return [(record.completion, record.correct) for record in cell.records]
 
-    ways = {f"{now[1]} weights, {settings.eval_batching} batches":
-            lambda: chosen.update(way=now),
-            f"master weights, batches of {decoding.batch_size}":
-            lambda: chosen.update(way=before)}
+    selectors = {name: (lambda s=s: chosen.update(settings=s)) for name, s in ways.items()}
     jobs = [(f"eval {column} ({len(items)} items)",
              lambda column=column, task=task, items=items: job(column, task, items))
             for column, task, items in task_columns(suite, args.columns, args.n)]
-    return ways, jobs
+    return selectors, jobs
 
 
 def eval_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,

@@ -4,6 +4,8 @@
 #   engine   the decode loop against the static-cache engine (`model.generation: static`,
 #            transformers' generate with its decoding step compiled into CUDA graphs) on the
 #            embedded model: evaluation of the starter's task columns and one step's rollouts;
+#            then evaluation under the run's eval_weights / eval_batching against master weights
+#            in the protocol's batches, and with prompt-lookup drafts (eval_drafts 4) against none;
 #   steps    seconds per step of each method on the embedded model: bf16 autocast over fp32
 #            weights (the default), bf16 weights, fp32;
 #   signal   `clbench signal` of each method on the embedded model at the start of each
@@ -68,6 +70,13 @@ if [[ $PHASES == *engine* ]]; then
     echo "== decode loop against the static-cache engine on $DEVICE"
     "$PY" benchmarks/generation.py "${STARTER_SUITE:-starter}" --compare engine \
         --device "$DEVICE" --columns math,science,tool_use --n 100 | tee "$OUT/engine.md"
+    echo "== evaluation settings (eval_weights, eval_batching) and prompt-lookup drafts on $DEVICE"
+    "$PY" benchmarks/generation.py "${STARTER_SUITE:-starter}" --compare settings \
+        --device "$DEVICE" --columns math,science,tool_use --n 100 --repeats 2 \
+        | tee "$OUT/eval-settings.md"
+    "$PY" benchmarks/generation.py "${STARTER_SUITE:-starter}" --compare drafts \
+        --device "$DEVICE" --columns math,science,tool_use --n 100 --repeats 2 \
+        | tee "$OUT/eval-drafts.md"
 fi
 
 if [[ $PHASES == *steps* ]]; then

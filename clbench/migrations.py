@@ -9,6 +9,8 @@ the reports) knows only the current format:
 - :func:`method_config`: a method config a run recorded, with the built-ins' renamed settings
   and, for a field added since, the value that does what the run did (:data:`VALUES_BEFORE`);
 - :func:`results`: a results document before it is validated;
+- :func:`model`: a model spec a run recorded, each evaluation setting added since at the value
+  that does what the run did (:data:`MODEL_VALUES_BEFORE`);
 - :func:`identity_suite`: the suite of a run's identity that did not store it;
 - :func:`progress_state`: a step checkpoint's training-loop progress.
 
@@ -55,6 +57,22 @@ def method_config(name: str, config: Any) -> Any:
     return out
 
 
+#: Model settings added after runs were recorded without them, whose default does not do what
+#: those runs did: greedy evaluation in the fp32 master weights under autocast, in batches of
+#: `protocol.decoding.batch_size` (docs/performance.md). A stored spec without them reads with
+#: these, so resuming such a run is refused with the `--set`s that continue it as it began.
+MODEL_VALUES_BEFORE: dict[str, Any] = {"eval_weights": "master", "eval_batching": "suite"}
+
+
+def model(spec: Any) -> Any:
+    """A model spec recorded by a run (its identity or results), each field of
+    :data:`MODEL_VALUES_BEFORE` it lacks at the value the run had; anything but a mapping as it
+    is."""
+    if not isinstance(spec, dict):
+        return spec
+    return {**MODEL_VALUES_BEFORE, **spec}
+
+
 def fields_before(name: str, config: Any) -> list[str]:
     """The fields :func:`method_config` fills in for a recorded `config` (settings the run
     predates and did not record)."""
@@ -83,13 +101,17 @@ def identity_suite(identity: dict[str, Any], recorded: Any) -> Any:
 
 
 def results(data: dict[str, Any]) -> dict[str, Any]:
-    """A results document in the current form, before it is validated: its suite (:func:`suite`),
+    """A results document in the current form, before it is validated: its suite (:func:`suite`)
+    and model spec (:func:`model`),
     without the `drift` field results had until 1.4 (always empty: parameter drift is in each
     stage's diagnostics). (A column without a task source version, as runs recorded before
     versions were, is read as version "1" where versions are compared:
     `clbench.report.comparison`.)"""
     data = {k: v for k, v in data.items() if k != "drift"}
     data["suite"] = suite(data.get("suite"))
+    recorded = data.get("model")
+    if isinstance(recorded, dict) and isinstance(recorded.get("spec"), dict):
+        data["model"] = {**recorded, "spec": model(recorded["spec"])}
     if _minor(data.get("schema_version")) < 5:
         data = recorded_defaults(data)
     return data

@@ -95,7 +95,8 @@ def current_reading(identity: dict[str, Any], run_dir: Path | None = None,
             out["suite_hash"] = spec.content_hash()
         except ValidationError:
             out["suite_spec"] = suite
-    out["model"] = model_as_read(identity.get("model"))
+    recorded = identity.get("model")
+    out["model"] = model_as_read(migrations.model(recorded) if stored else recorded)
     out["method_config"] = method_config_as_read(identity.get("method", ""),
                                                  identity.get("method_config"), stored)
     return out

@@ -96,15 +96,24 @@ def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: R
         if not going:
             break
         if len(going) < len(live):
-            keep = torch.tensor(going, device=mask.device)
-            live = [live[j] for j in going]
-            tokens, mask, position = tokens[keep], mask[keep], position[keep]
-            cache.batch_select_indices(keep)
+            live, (tokens, mask, position) = keep_rows(going, live, cache, tokens, mask,
+                                                       position)
         mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
         position = position + 1
         logits = forward_logits(model, tokens[:, None], mask, position, cache,
                                 last_only=False)[:, -1]
     return generated
+
+
+def keep_rows(going: list[int], live: list[int], cache: Any, *batch: torch.Tensor
+              ) -> tuple[list[int], list[torch.Tensor]]:
+    """The rows `going` (positions in the batch) of the live rows, of the KV cache (in place)
+    and of each tensor of `batch`: ended rows leave."""
+    import torch
+
+    keep = torch.tensor(going, device=batch[0].device)
+    cache.batch_select_indices(keep)
+    return [live[j] for j in going], [t[keep] for t in batch]
 
 
 def row_ended(ids: list[int], row: int, plan: RowPlan) -> bool:

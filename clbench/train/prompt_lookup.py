@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from clbench.train.decoding import RowPlan, forward_logits, prefill, row_ended
+from clbench.train.decoding import RowPlan, forward_logits, keep_rows, prefill, row_ended
 
 if TYPE_CHECKING:
     import torch
@@ -90,10 +90,7 @@ def decode_with_drafts(model: Any, input_ids: torch.Tensor, attention: torch.Ten
         if not going:
             break
         if len(going) < len(live):
-            keep = torch.tensor(going, device=mask.device)
-            live = [live[j] for j in going]
-            mask, position = mask[keep], position[keep]
-            cache.batch_select_indices(keep)
+            live, (mask, position) = keep_rows(going, live, cache, mask, position)
             tokens = [tokens[j] for j in going]
         proposed = [indexes[row].draft(min(drafts, plan.caps[row] - len(generated[row])))
                     for row in live]

@@ -95,3 +95,21 @@ def test_results_from_before_1_5_read_with_the_defaults_the_built_ins_had(tmp_pa
     path.write_text(json.dumps(data))
     assert settings_line(read_results(path)).startswith(
         "someone-elses's settings as recorded in results.json (its defaults are not recorded")
+
+
+def test_a_model_spec_from_before_the_evaluation_settings_reads_as_it_evaluated(
+        tmp_path: Path) -> None:
+    # greedy evaluation then ran in the fp32 master weights, in the protocol's batches
+    assert migrations.model({"name": "m"}) == {"name": "m", "eval_weights": "master",
+                                               "eval_batching": "suite"}
+    assert migrations.model({"eval_weights": "compute"})["eval_weights"] == "compute"
+    assert migrations.model("damaged") == "damaged"
+    result = result_of(run_spec("smoke", "sft", out_dir=tmp_path / "unused"))
+    path = write_results(tmp_path / "results.json", result)
+    data = json.loads(path.read_text())
+    assert data["model"]["spec"]["eval_weights"] == "compute"  # a run records what it does
+    for field in ("eval_weights", "eval_batching"):
+        del data["model"]["spec"][field]
+    path.write_text(json.dumps(data))
+    spec = read_results(path).model.spec
+    assert (spec["eval_weights"], spec["eval_batching"]) == ("master", "suite")

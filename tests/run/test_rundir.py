@@ -80,6 +80,24 @@ def test_a_field_that_changed_the_method_reads_as_it_was_in_older_runs(tmp_path:
                          resume=True) is None
 
 
+def test_a_run_from_before_the_evaluation_settings_resumes_only_as_it_evaluated(
+        tmp_path: Path) -> None:
+    run = run_spec("smoke", "sft", seed=0, out_dir=tmp_path / "run")
+    old = copy.deepcopy(run_identity(run))
+    for field in ("eval_weights", "eval_batching", "eval_drafts"):
+        del old["model"][field]
+    _write(tmp_path / "run", old)
+    with pytest.raises(RunDirError) as refused:
+        check_run_dir(tmp_path / "run", run_identity(run), resume=True)
+    message = str(refused.value)
+    assert "model.eval_weights: master there, compute now" in message
+    assert "--set model.eval_weights=master" in message  # eval_drafts: 0 then and now
+    assert "eval_drafts" not in message
+    as_before = run_spec("smoke", "sft", seed=0, out_dir=tmp_path / "run", overrides=[
+        "model.eval_weights=master", "model.eval_batching=suite"])
+    assert check_run_dir(tmp_path / "run", run_identity(as_before), resume=True) is None
+
+
 @pytest.mark.parametrize("config", ["abc", [1, 2], 5, None])
 def test_a_damaged_stored_method_config_is_a_difference_not_a_crash(tmp_path: Path,
                                                                     config: Any) -> None:
