@@ -171,7 +171,9 @@ class DecodingSpec(Spec):
     max_new_tokens: int = Field(default=96, ge=1, le=MAX_TOKENS,
                                 description="Maximum tokens per answer.")
     batch_size: int = Field(default=16, ge=1, le=MAX_ITEMS,
-                            description="Prompts per generation batch.")
+                            description="Prompts per generation batch (on a CPU, "
+                            "`model.eval_batching: auto` sizes batches by tokens instead, up to "
+                            "4x this).")
 
 
 MetricName = Literal["acc", "op", "aia", "la", "bwt", "fwt", "forgetting", "ood_delta",

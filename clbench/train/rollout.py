@@ -27,7 +27,12 @@ Conventions every backend keeps:
   near a tie flips);
 - under mixed precision (an enclosing autocast) each weight is cast to the compute dtype once per
   generation call, not once per decoded token (:func:`weights_cast_once`): the same values, so
-  the same samples (benchmarks/generation.py measures the gain, docs/performance.md).
+  the same samples (benchmarks/generation.py measures the gain, docs/performance.md); greedy
+  decoding may instead hold the weights in the compute dtype and run without autocast
+  (`greedy_weights="compute"`, evaluation's default: :func:`weights_in_compute_dtype`), which
+  sampled decoding never does;
+- batches: `batch_size` rows, or with a `token_budget` as many rows as fit it
+  (:func:`row_batches`: evaluation on a CPU).
 """
 
 from __future__ import annotations
