@@ -97,9 +97,7 @@ def test_sampled_decoding_never_drafts(model_and_tokenizer) -> None:
     model, tok = model_and_tokenizer
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=3)
     plain = HFGenerator(model, tok, batch_size=6).generate(PROMPTS, params)
-    drafted, _, scored = _forwards(
+    drafted, forwards, scored = _forwards(
         model, lambda: HFGenerator(model, tok, batch_size=6, drafts=4).generate(PROMPTS, params))
     assert [r.completion_ids for r in drafted] == [r.completion_ids for r in plain]
-    _, forwards, _ = _forwards(
-        model, lambda: HFGenerator(model, tok, batch_size=6, drafts=4).generate(PROMPTS, params))
     assert scored <= 6 * forwards  # one position per row per forward
