@@ -8,6 +8,10 @@ the rows that are still going and nothing more:
 
 - **one prefill per distinct prompt**: the samples of a prompt share its KV cache and its
   first-token logits (rows are copied, not recomputed);
+- **prefills of a few thousand tokens**: a batch of long prompts is prefilled in groups of rows
+  within :data:`PREFILL_TOKENS` tokens, each padded to its own longest prompt, and the groups'
+  KV caches stacked into the batch's (a CPU prefills 1.5x faster per token at that size than
+  over a whole batch of tool-use prompts);
 - **ended rows leave the batch**: EOS, the row's own token cap, or a stop string in its newest
   tokens; the KV cache keeps only the live rows, and the loop ends when none is left;
 - **stop strings on the newest tokens only** (:class:`StopScanner`), not the whole completion
@@ -122,10 +126,19 @@ def row_ended(ids: list[int], row: int, plan: RowPlan) -> bool:
             or (plan.stops is not None and plan.stops.hit(ids)))
 
 
+#: Tokens (rows x padded prompt width) per prefill forward: a batch's prompts are prefilled in
+#: groups of consecutive rows within this many tokens, each group padded only to its own longest
+#: prompt, and their KV caches stacked into the batch's. On the embedded model a CPU prefills
+#: fastest at 4-5 thousand tokens a forward (3,600 tokens/s against ~2,400 for tool use's
+#: 17 x 637-token batches); large GPU engines chunk prefills at similar sizes.
+PREFILL_TOKENS = 4096
+
+
 def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
             row_prompts: Sequence[int], cache: Any) -> torch.Tensor:
     """Next-token logits of every row after its prompt, the cache filled with every row's
-    prompt: each distinct prompt computed once and copied to the rows that repeat it."""
+    prompt: each distinct prompt computed once and copied to the rows that repeat it, in
+    forwards of at most :data:`PREFILL_TOKENS` tokens where the cache is preallocated."""
     import torch
 
     first: dict[int, int] = {}  # prompt index -> its first row
@@ -135,14 +148,66 @@ def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
     if shared:
         distinct = torch.tensor(list(first.values()), device=input_ids.device)
         input_ids, attention = input_ids[distinct], attention[distinct]
-    positions = (attention.long().cumsum(-1) - 1).masked_fill(attention == 0, 0)
-    logits = forward_logits(model, input_ids, attention, positions, cache, last_only=True)[:, -1]
+    lengths = attention.long().sum(-1).tolist()
+    groups = row_batches(lengths, len(lengths), PREFILL_TOKENS) if preallocated(cache) else [
+        (0, len(lengths))]
+    if len(groups) == 1:
+        logits = _prefill_forward(model, input_ids, attention, cache)
+    else:
+        logits = _prefill_in_groups(model, input_ids, attention, groups, cache)
     if shared:
         order = {prompt: k for k, prompt in enumerate(first)}
         copies = torch.tensor([order[p] for p in row_prompts], device=input_ids.device)
         cache.reorder_cache(copies)
         logits = logits[copies]
     return logits
+
+
+def row_batches(lengths: Sequence[int], max_rows: int, token_budget: int | None = None
+                ) -> list[tuple[int, int]]:
+    """`(start, stop)` of each batch of consecutive rows, whose `lengths` are prompt tokens plus
+    token cap: `max_rows` rows each, or, with a `token_budget`, as many rows (at most `max_rows`,
+    at least one) as keep rows x the batch's longest length within the budget, so a batch of
+    short prompts holds more rows than one of long prompts (the KV cache and the prefill grow
+    with both)."""
+    batches: list[tuple[int, int]] = []
+    start = 0
+    while start < len(lengths):
+        stop, longest = start + 1, lengths[start]
+        while stop < len(lengths) and stop - start < max_rows:
+            widest = max(longest, lengths[stop])
+            if token_budget is not None and (stop - start + 1) * widest > token_budget:
+                break
+            stop, longest = stop + 1, widest
+        batches.append((start, stop))
+        start = stop
+    return batches
+
+
+def _prefill_forward(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, cache: Any
+                     ) -> torch.Tensor:
+    positions = (attention.long().cumsum(-1) - 1).masked_fill(attention == 0, 0)
+    return forward_logits(model, input_ids, attention, positions, cache, last_only=True)[:, -1]
+
+
+def _prefill_in_groups(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
+                       groups: list[tuple[int, int]], cache: Any) -> torch.Tensor:
+    """Each group prefilled on its own, cut to its longest prompt (left padding: the columns
+    before it are padding in every row of the group), then every group's keys and values
+    stacked into `cache`, left-padded back to the batch's width (padding stays masked)."""
+    import torch
+
+    width = input_ids.shape[1]
+    logits, parts = [], []
+    for start, stop in groups:
+        lead = width - int(attention[start:stop].long().sum(-1).max())
+        part = attention_cache(model, capacity=width - lead)
+        logits.append(_prefill_forward(model, input_ids[start:stop, lead:],
+                                       attention[start:stop, lead:], part))
+        parts.append(part)
+    for i, layer in enumerate(cache.layers):
+        layer.stack([(part.layers[i].keys, part.layers[i].values) for part in parts], width)
+    return torch.cat(logits)
 
 
 def forward_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
@@ -241,6 +306,14 @@ def _preallocate(cache: Any, capacity: int) -> None:
             layers[i] = _preallocated_layer()(capacity)
 
 
+def preallocated(cache: Any) -> bool:
+    """Whether every layer of `cache` writes into preallocated buffers (so the caches of groups
+    of rows prefilled apart can be stacked into it)."""
+    layers = getattr(cache, "layers", None)
+    return isinstance(layers, list) and bool(layers) and all(
+        isinstance(layer, _preallocated_layer()) for layer in layers)
+
+
 @functools.cache
 def _preallocated_layer() -> type:
     """A dynamic cache layer that writes new keys and values into buffers allocated once
@@ -270,6 +343,25 @@ def _preallocated_layer() -> type:
             self.length = end
             self._expose()
             return self.keys, self.values
+
+        def stack(self, parts: Sequence[tuple[Any, Any]], width: int) -> None:
+            """Fill this empty layer with the rows of each `(keys, values)` part in turn, each
+            left-padded with zeros (masked columns) to `width` tokens."""
+            keys, values = parts[0]
+            rows = sum(k.shape[0] for k, _ in parts)
+            self.lazy_initialization(keys, values)
+            shape = (rows, keys.shape[1], max(self.capacity, width), keys.shape[-1])
+            self.key_buffer = keys.new_empty(shape)
+            self.value_buffer = values.new_empty((*shape[:3], values.shape[-1]))
+            start = 0
+            for k, v in parts:
+                stop, pad = start + k.shape[0], width - k.shape[-2]
+                for buffer, part in ((self.key_buffer, k), (self.value_buffer, v)):
+                    buffer[start:stop, :, :pad] = 0
+                    buffer[start:stop, :, pad:width] = part
+                start = stop
+            self.length = width
+            self._expose()
 
         def _resize(self, capacity: int) -> None:
             def grown(buffer: Any) -> Any:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 from clbench.errors import UserError
 from clbench.tasks.base import Example, Messages, continuation, split_response_start
 from clbench.train import decoding, prompt_lookup
+from clbench.train.decoding import row_batches
 
 if TYPE_CHECKING:
     import torch
@@ -179,27 +180,6 @@ class Generator(ABC):
                           ) -> list[Rollout]:
         """`params.n` rollouts per already-encoded prompt, prompt-major; a backend honours
         each prompt's cap (:meth:`SamplingParams.cap_of`)."""
-
-
-def row_batches(lengths: Sequence[int], max_rows: int, token_budget: int | None = None
-                ) -> list[tuple[int, int]]:
-    """`(start, stop)` of each batch of consecutive rows, whose `lengths` are prompt tokens plus
-    token cap: `max_rows` rows each, or, with a `token_budget`, as many rows (at most `max_rows`,
-    at least one) as keep rows x the batch's longest length within the budget, so a batch of
-    short prompts holds more rows than one of long prompts (the KV cache and the prefill grow
-    with both)."""
-    batches: list[tuple[int, int]] = []
-    start = 0
-    while start < len(lengths):
-        stop, longest = start + 1, lengths[start]
-        while stop < len(lengths) and stop - start < max_rows:
-            widest = max(longest, lengths[stop])
-            if token_budget is not None and (stop - start + 1) * widest > token_budget:
-                break
-            stop, longest = stop + 1, widest
-        batches.append((start, stop))
-        start = stop
-    return batches
 
 
 #: How :class:`HFGenerator` holds the weights for greedy decoding under mixed precision

@@ -165,3 +165,47 @@ def test_the_samplers_entropy_follows_temperature_and_nucleus_by_hand():
     sharp = -(4 / 6 * math.log(4 / 6) + 2 * (1 / 6) * math.log(1 / 6))
     assert float(sampler_entropy(logits, Sampling(0.5))) == pytest.approx(sharp, rel=1e-6)
     assert float(sampler_entropy(logits, Sampling(0.0))) == 0.0
+
+
+def test_prefill_in_groups_of_rows_fills_the_cache_a_single_forward_fills(monkeypatch) -> None:
+    """Rows prefilled in groups within PREFILL_TOKENS, each cut to its own longest prompt, then
+    stacked: the same next-token logits, cache and decoded tokens as one forward over the batch
+    (fp32), with rows of one prompt sharing its prefill."""
+    from clbench.train import decoding
+
+    model, tok = _varied_tiny()
+    prompt_ids = sorted((encode_chat(tok, p) for p in PROMPTS), key=len, reverse=True)
+    width = max(map(len, prompt_ids))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    assert len({len(p) for p in prompt_ids}) == 6  # each group cut to a different width
+    rows = [0, 1, 1, 2, 3, 4, 5, 5]  # two prompts sampled twice: their rows share a prefill
+    plan = decoding.RowPlan(rows, [12] * len(rows), frozenset())
+
+    def decoded(prefill_tokens: int, sampling: decoding.Sampling):
+        monkeypatch.setattr(decoding, "PREFILL_TOKENS", prefill_tokens)
+        forwards = []
+        real = decoding._prefill_forward
+        monkeypatch.setattr(decoding, "_prefill_forward",
+                            lambda m, i, a, c: forwards.append(tuple(i.shape)) or real(m, i, a, c))
+        cache = decoding.attention_cache(model, capacity=width + 12)
+        logits = decoding.prefill(model, ids[rows], mask[rows], rows, cache)
+        keys = [layer.keys.clone() for layer in cache.layers]
+        prefills = list(forwards)  # the decode below prefills again
+        torch.manual_seed(0)
+        tokens = decoding.decode(model, ids[rows], mask[rows], plan, sampling,
+                                 decoding.attention_cache(model, capacity=width + 12))
+        return prefills, logits, keys, tokens
+
+    whole, logits, keys, greedy = decoded(10_000, decoding.Sampling(0.0))
+    assert whole == [(6, width)]  # the distinct prompts in one forward
+    pairs, pair_logits, pair_keys, pair_greedy = decoded(2 * width, decoding.Sampling(0.0))
+    assert pairs == [(2, len(prompt_ids[0])), (2, len(prompt_ids[2])), (2, len(prompt_ids[4]))]
+    torch.testing.assert_close(pair_logits, logits)
+    for ours, theirs in zip(pair_keys, keys):
+        assert ours.shape == theirs.shape == (len(rows), *theirs.shape[1:])
+        torch.testing.assert_close(ours * mask[rows][:, None, :, None],
+                                   theirs * mask[rows][:, None, :, None])
+    assert pair_greedy == greedy
+    assert decoded(2 * width, decoding.Sampling(1.0, 0.9))[3] == decoded(
+        10_000, decoding.Sampling(1.0, 0.9))[3]
