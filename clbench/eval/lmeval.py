@@ -260,14 +260,25 @@ def _quiet_lm_eval() -> Iterator[None]:
     """lm-eval logs every step at INFO/WARNING and draws its own tqdm bars (building requests,
     running them) on stderr, through a run's own progress display; keep the console to the
     run's progress lines. The bars are silenced where lm-eval's modules hold tqdm (tqdm reads its
-    `TQDM_DISABLE` switch once, at import, so an environment variable set now would not)."""
+    `TQDM_DISABLE` switch once, at import, so an environment variable set now would not), and
+    `datasets`' own (building a task's split the first time) through its switch."""
+    from datasets.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
     logger = logging.getLogger("lm_eval")
     previous = logger.level
     logger.setLevel(logging.ERROR)
     swapped = _silence_bars("lm_eval")
+    datasets_bars = not are_progress_bars_disabled()
+    disable_progress_bars()
     try:
         yield
     finally:
+        if datasets_bars:
+            enable_progress_bars()
         logger.setLevel(previous)
         for module, original in swapped:
             module.tqdm = original

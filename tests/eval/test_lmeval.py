@@ -44,17 +44,22 @@ def _choice_logprob(model, tok, context: str, continuation: str) -> float:
     return float(sum(logp[len(ctx) - 1 + i, t] for i, t in enumerate(cont)))
 
 
-def test_probe_draws_no_progress_bars_of_its_own(tiny, capfd) -> None:
-    # lm-eval's tqdm bars (building and running requests) would interleave with a run's own
+def test_probe_draws_no_progress_bars_of_its_own(tiny, capfd, tmp_path, monkeypatch) -> None:
+    # lm-eval's tqdm bars (building and running requests) and datasets' (building the task's
+    # split, the first time: an empty datasets cache here) would interleave with a run's own
     # progress lines on stderr
+    import datasets
     import tqdm
 
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path)
     model, tok = tiny
     run_probe("general", model, tok, LmEvalProbe(task=OFFLINE_TASK, limit=6), batch_size=4)
     err = capfd.readouterr().err
     assert "Running loglikelihood" not in err and "it/s" not in err and "%|" not in err
+    assert "Generating" not in err and "examples/s" not in err
     import lm_eval.models.huggingface as hf
     assert hf.tqdm is tqdm.tqdm  # put back afterwards
+    assert not datasets.utils.are_progress_bars_disabled()
 
 
 def test_offline_probe_scores_the_in_memory_model(tiny) -> None:
