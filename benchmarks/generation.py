@@ -22,11 +22,14 @@ pays the compilation; the median leaves it out.
 `eval_batching: auto`, batches by tokens on a CPU) against the fp32 weights under autocast in
 batches of `protocol.decoding.batch_size`; also counts each way's correct completions, since
 both change bf16 rounding. `--compare drafts`: a run's evaluation with prompt-lookup drafts
-(`eval_drafts`, `--drafts`, default 4) against without.
+(`eval_drafts`, `--drafts`, default 4) against without. `--compare prefill`: a run's evaluation
+with each batch prefilled in groups of rows within `decoding.PREFILL_TOKENS` tokens against one
+prefill forward per batch.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare settings --n 100 --repeats 1 \
         --columns math,science,tool_use,math_ood,science_ood,tool_use_ood
+    python benchmarks/generation.py starter --compare prefill --columns tool_use --n 64
     python benchmarks/generation.py starter --compare loop --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare engine --device cuda --n 100
 
@@ -50,14 +53,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
-    ap.add_argument("--compare", choices=("cast", "loop", "engine", "settings", "drafts"),
-                    default="cast",
+    ap.add_argument("--compare", default="cast",
+                    choices=("cast", "loop", "engine", "settings", "drafts", "prefill"),
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
                          "model.generate in evaluation and rollouts; engine: the decode loop "
                          "against the static-cache engine, the same jobs; settings: evaluation "
                          "under the suite's eval_weights and eval_batching against master "
                          "weights in the protocol's batches; drafts: evaluation with "
-                         "prompt-lookup drafts against without")
+                         "prompt-lookup drafts against without; prefill: evaluation with "
+                         "batches prefilled in groups of rows against one prefill per batch")
     ap.add_argument("--drafts", type=int, default=4, help="drafts per step for --compare drafts")
     ap.add_argument("--columns", default="math,tool_use",
                     help="comma-separated task columns (and, for --compare loop, stages)")
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
               "to compare", file=sys.stderr)
         return 1
     compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine,
-               "settings": compare_settings, "drafts": compare_drafts}[args.compare]
+               "settings": compare_settings, "drafts": compare_drafts,
+               "prefill": compare_prefill}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -120,6 +125,18 @@ def compare_drafts(suite: Any, model: Any, tokenizer: Any, args: argparse.Namesp
     return settings_jobs(suite, model, tokenizer, args, {
         f"{args.drafts} drafts": settings.model_copy(update={"eval_drafts": args.drafts}),
         "no drafts": settings.model_copy(update={"eval_drafts": 0})})
+
+
+def compare_prefill(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                    ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Greedy evaluation of each column under the suite's settings, each batch prefilled in
+    groups of rows / in one forward."""
+    from clbench.train import decoding
+
+    grouped, whole = swapped(decoding, "PREFILL_TOKENS", sys.maxsize)
+    _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
+    return {f"prefill in groups of {decoding.PREFILL_TOKENS:,} tokens": grouped,
+            "one prefill per batch": whole}, jobs
 
 
 def settings_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,
