@@ -5,7 +5,8 @@
 #            transformers' generate with its decoding step compiled into CUDA graphs) on the
 #            embedded model: evaluation of the starter's task columns and one step's rollouts;
 #            then evaluation under the run's eval_weights / eval_batching against master weights
-#            in the protocol's batches, and with prompt-lookup drafts (eval_drafts 4) against none;
+#            in the protocol's batches, with prompt-lookup drafts (eval_drafts 4) against none,
+#            and batches prefilled in groups of rows against one prefill per batch;
 #   steps    seconds per step of each method on the embedded model: bf16 autocast over fp32
 #            weights (the default), bf16 weights, fp32;
 #   signal   `clbench signal` of each method on the embedded model at the start of each
@@ -77,6 +78,10 @@ if [[ $PHASES == *engine* ]]; then
     "$PY" benchmarks/generation.py "${STARTER_SUITE:-starter}" --compare drafts \
         --device "$DEVICE" --columns math,science,tool_use --n 100 --repeats 2 \
         | tee "$OUT/eval-drafts.md"
+    echo "== prefill in groups of rows (decoding.PREFILL_TOKENS, chosen on a CPU) on $DEVICE"
+    "$PY" benchmarks/generation.py "${STARTER_SUITE:-starter}" --compare prefill \
+        --device "$DEVICE" --columns math,science,tool_use --n 100 --repeats 2 \
+        | tee "$OUT/eval-prefill.md"
 fi
 
 if [[ $PHASES == *steps* ]]; then
