@@ -165,11 +165,11 @@ def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
 
 def row_batches(lengths: Sequence[int], max_rows: int, token_budget: int | None = None
                 ) -> list[tuple[int, int]]:
-    """`(start, stop)` of each batch of consecutive rows, whose `lengths` are prompt tokens plus
-    token cap: `max_rows` rows each, or, with a `token_budget`, as many rows (at most `max_rows`,
-    at least one) as keep rows x the batch's longest length within the budget, so a batch of
-    short prompts holds more rows than one of long prompts (the KV cache and the prefill grow
-    with both)."""
+    """`(start, stop)` of each batch of consecutive rows, whose `lengths` are their tokens
+    (prompt plus token cap for a decoding batch, prompt alone for a prefill group): `max_rows`
+    rows each, or, with a `token_budget`, as many rows (at most `max_rows`, at least one) as keep
+    rows x the batch's longest length within the budget, so a batch of short prompts holds more
+    rows than one of long prompts (the KV cache and the prefill grow with both)."""
     batches: list[tuple[int, int]] = []
     start = 0
     while start < len(lengths):
