@@ -24,12 +24,14 @@ batches of `protocol.decoding.batch_size`; also counts each way's correct comple
 both change bf16 rounding. `--compare drafts`: a run's evaluation with prompt-lookup drafts
 (`eval_drafts`, `--drafts`, default 4) against without. `--compare prefill`: a run's evaluation
 with each batch prefilled in groups of rows within `decoding.PREFILL_TOKENS` tokens against one
-prefill forward per batch.
+prefill forward per batch. `--compare prefix`: a run's evaluation with the leading tokens common
+to a batch's prompts prefilled once (`decoding.SHARED_PREFIX_TOKENS`) against with every row.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare settings --n 100 --repeats 1 \
         --columns math,science,tool_use,math_ood,science_ood,tool_use_ood
     python benchmarks/generation.py starter --compare prefill --columns tool_use --n 64
+    python benchmarks/generation.py starter --compare prefix --columns math,math_ood --n 100
     python benchmarks/generation.py starter --compare loop --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare engine --device cuda --n 100
 
@@ -54,14 +56,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
     ap.add_argument("--compare", default="cast",
-                    choices=("cast", "loop", "engine", "settings", "drafts", "prefill"),
+                    choices=("cast", "loop", "engine", "settings", "drafts", "prefill",
+                             "prefix"),
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
                          "model.generate in evaluation and rollouts; engine: the decode loop "
                          "against the static-cache engine, the same jobs; settings: evaluation "
                          "under the suite's eval_weights and eval_batching against master "
                          "weights in the protocol's batches; drafts: evaluation with "
                          "prompt-lookup drafts against without; prefill: evaluation with "
-                         "batches prefilled in groups of rows against one prefill per batch")
+                         "batches prefilled in groups of rows against one prefill per batch; "
+                         "prefix: evaluation with the prompts' shared prefix prefilled once "
+                         "against with every row")
     ap.add_argument("--drafts", type=int, default=4, help="drafts per step for --compare drafts")
     ap.add_argument("--columns", default="math,tool_use",
                     help="comma-separated task columns (and, for --compare loop, stages)")
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine,
                "settings": compare_settings, "drafts": compare_drafts,
-               "prefill": compare_prefill}[args.compare]
+               "prefill": compare_prefill, "prefix": compare_prefix}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -137,6 +142,17 @@ def compare_prefill(suite: Any, model: Any, tokenizer: Any, args: argparse.Names
     _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
     return {f"prefill in groups of {decoding.PREFILL_TOKENS:,} tokens": grouped,
             "one prefill per batch": whole}, jobs
+
+
+def compare_prefix(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                   ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Greedy evaluation of each column under the suite's settings, the prompts' shared prefix
+    prefilled once / with every row."""
+    from clbench.train import decoding
+
+    once, every_row = swapped(decoding, "SHARED_PREFIX_TOKENS", sys.maxsize)
+    _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
+    return {"shared prefix prefilled once": once, "prefilled with every row": every_row}, jobs
 
 
 def settings_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,

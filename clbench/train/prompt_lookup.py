@@ -78,8 +78,7 @@ def decode_with_drafts(model: Any, input_ids: torch.Tensor, attention: torch.Ten
     generated: list[list[int]] = [[] for _ in range(rows)]
     indexes = [NgramIndex(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, attention)]
     live = list(range(rows))
-    logits = prefill(model, input_ids, attention, plan.prompts, cache)
-    mask = attention
+    logits, mask = prefill(model, input_ids, attention, plan.prompts, cache)
     position = attention.long().sum(-1) - 1  # each row's last kept token's position
     while True:
         tokens = logits.argmax(dim=-1).tolist()

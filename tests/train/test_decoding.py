@@ -167,45 +167,105 @@ def test_the_samplers_entropy_follows_temperature_and_nucleus_by_hand():
     assert float(sampler_entropy(logits, Sampling(0.0))) == 0.0
 
 
+def _left_padded(tok, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, prompt_ids))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    return ids, mask
+
+
+def _prefilled(monkeypatch, model, ids, mask, rows, sampling, **settings):
+    """Under the decoding module's `settings`: the prefill's forwards (their input shapes), its
+    logits, cache keys and mask, and the tokens :func:`decode` gives (seeded) for the rows."""
+    from clbench.train import decoding
+
+    for name, value in settings.items():
+        monkeypatch.setattr(decoding, name, value)
+    forwards = []
+    real = decoding.forward_logits
+
+    def spy(model, ids, mask, positions, cache, last_only):
+        if last_only:  # a prefill's forward, not a decoding step's
+            forwards.append(tuple(ids.shape))
+        return real(model, ids, mask, positions, cache, last_only)
+
+    monkeypatch.setattr(decoding, "forward_logits", spy)
+    width = ids.shape[1]
+    cache = decoding.attention_cache(model, capacity=width + 12)
+    logits, cache_mask = decoding.prefill(model, ids[rows], mask[rows], rows, cache)
+    keys = [layer.keys.clone() for layer in cache.layers]
+    prefills = list(forwards)  # the decode below prefills again
+    torch.manual_seed(0)
+    tokens = decoding.decode(model, ids[rows], mask[rows],
+                             decoding.RowPlan(rows, [12] * len(rows), frozenset()), sampling,
+                             decoding.attention_cache(model, capacity=width + 12))
+    return prefills, logits, keys, cache_mask, tokens
+
+
 def test_prefill_in_groups_of_rows_fills_the_cache_a_single_forward_fills(monkeypatch) -> None:
     """Rows prefilled in groups within PREFILL_TOKENS, each cut to its own longest prompt, then
     stacked: the same next-token logits, cache and decoded tokens as one forward over the batch
     (fp32), with rows of one prompt sharing its prefill."""
-    from clbench.train import decoding
-
     model, tok = _varied_tiny()
     prompt_ids = sorted((encode_chat(tok, p) for p in PROMPTS), key=len, reverse=True)
-    width = max(map(len, prompt_ids))
-    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompt_ids])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    ids, mask = _left_padded(tok, prompt_ids)
+    width = ids.shape[1]
     assert len({len(p) for p in prompt_ids}) == 6  # each group cut to a different width
     rows = [0, 1, 1, 2, 3, 4, 5, 5]  # two prompts sampled twice: their rows share a prefill
-    plan = decoding.RowPlan(rows, [12] * len(rows), frozenset())
+    greedy, sampled = Sampling(0.0), Sampling(1.0, 0.9)
+    apart = {"SHARED_PREFIX_TOKENS": 10_000}  # every row prefilled whole
 
-    def decoded(prefill_tokens: int, sampling: decoding.Sampling):
-        monkeypatch.setattr(decoding, "PREFILL_TOKENS", prefill_tokens)
-        forwards = []
-        real = decoding._prefill_forward
-        monkeypatch.setattr(decoding, "_prefill_forward",
-                            lambda m, i, a, c: forwards.append(tuple(i.shape)) or real(m, i, a, c))
-        cache = decoding.attention_cache(model, capacity=width + 12)
-        logits = decoding.prefill(model, ids[rows], mask[rows], rows, cache)
-        keys = [layer.keys.clone() for layer in cache.layers]
-        prefills = list(forwards)  # the decode below prefills again
-        torch.manual_seed(0)
-        tokens = decoding.decode(model, ids[rows], mask[rows], plan, sampling,
-                                 decoding.attention_cache(model, capacity=width + 12))
-        return prefills, logits, keys, tokens
-
-    whole, logits, keys, greedy = decoded(10_000, decoding.Sampling(0.0))
+    whole, logits, keys, whole_mask, tokens = _prefilled(
+        monkeypatch, model, ids, mask, rows, greedy, PREFILL_TOKENS=10_000, **apart)
     assert whole == [(6, width)]  # the distinct prompts in one forward
-    pairs, pair_logits, pair_keys, pair_greedy = decoded(2 * width, decoding.Sampling(0.0))
+    assert torch.equal(whole_mask, mask[rows])
+    pairs, pair_logits, pair_keys, pair_mask, pair_tokens = _prefilled(
+        monkeypatch, model, ids, mask, rows, greedy, PREFILL_TOKENS=2 * width, **apart)
     assert pairs == [(2, len(prompt_ids[0])), (2, len(prompt_ids[2])), (2, len(prompt_ids[4]))]
+    assert torch.equal(pair_mask, mask[rows])
     torch.testing.assert_close(pair_logits, logits)
     for ours, theirs in zip(pair_keys, keys):
         assert ours.shape == theirs.shape == (len(rows), *theirs.shape[1:])
         torch.testing.assert_close(ours * mask[rows][:, None, :, None],
                                    theirs * mask[rows][:, None, :, None])
-    assert pair_greedy == greedy
-    assert decoded(2 * width, decoding.Sampling(1.0, 0.9))[3] == decoded(
-        10_000, decoding.Sampling(1.0, 0.9))[3]
+    assert pair_tokens == tokens
+    assert _prefilled(monkeypatch, model, ids, mask, rows, sampled, PREFILL_TOKENS=2 * width,
+                      **apart)[4] == _prefilled(monkeypatch, model, ids, mask, rows, sampled,
+                                                PREFILL_TOKENS=10_000, **apart)[4]
+
+
+def test_a_prefix_every_prompt_shares_is_prefilled_once_with_the_same_logits_and_tokens(
+        monkeypatch) -> None:
+    """The leading tokens common to every prompt computed once, each row's own tokens on top of
+    a copy (in groups too): the logits and decoded tokens of whole prompts (fp32), the cache's
+    mask covering the prefix and each row's own tokens."""
+    model, tok = _varied_tiny()
+    instructions = [{"role": "system", "content": "Answer in one word, then stop. " * 3}]
+    prompts = [instructions + p for p in PROMPTS]
+    prompt_ids = sorted((encode_chat(tok, p) for p in prompts), key=len, reverse=True)
+    ids, mask = _left_padded(tok, prompt_ids)
+    prefix = next(i for i in range(len(prompt_ids[-1]))
+                  if len({p[i] for p in prompt_ids}) > 1)
+    assert prefix >= 20
+    rows = [0, 1, 2, 2, 3, 4, 5]
+    greedy, sampled = Sampling(0.0), Sampling(1.0, 0.9)
+    whole = {"SHARED_PREFIX_TOKENS": 10_000, "PREFILL_TOKENS": 10_000}
+    forwards, logits, _, _, tokens = _prefilled(monkeypatch, model, ids, mask, rows, greedy,
+                                                **whole)
+    assert forwards == [(6, ids.shape[1])]
+    own = [len(p) - prefix for p in prompt_ids]
+    for groups, settings in ((1, {"PREFILL_TOKENS": 10_000}),
+                             (3, {"PREFILL_TOKENS": 2 * own[0]})):
+        forwards, ours, _, cache_mask, our_tokens = _prefilled(
+            monkeypatch, model, ids, mask, rows, greedy, SHARED_PREFIX_TOKENS=20, **settings)
+        assert forwards[0] == (1, prefix) and len(forwards) == 1 + groups
+        assert sum(shape[0] for shape in forwards[1:]) == 6
+        torch.testing.assert_close(ours, logits)
+        assert our_tokens == tokens
+        # each row: padding, the shared prefix, padding, its own tokens
+        for row, row_mask in zip(rows, cache_mask.tolist()):
+            assert sum(row_mask) == len(prompt_ids[row])
+            assert row_mask[-own[row]:] == [1] * own[row]
+        assert _prefilled(monkeypatch, model, ids, mask, rows, sampled, SHARED_PREFIX_TOKENS=20,
+                          **settings)[4] == _prefilled(monkeypatch, model, ids, mask, rows,
+                                                       sampled, **whole)[4]

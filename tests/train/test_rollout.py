@@ -242,6 +242,7 @@ def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_d
         prefill = decoding.prefill  # each row its own prompt: one prefill per sample
         monkeypatch.setattr(decoding, "prefill", lambda model, ids, mask, rows, cache: prefill(
             model, ids, mask, range(len(rows)), cache))
+        monkeypatch.setattr(decoding, "SHARED_PREFIX_TOKENS", 10_000)  # nor a shared prefix
         prefills.clear()
         separate = generator.generate(PROMPTS, params)
         assert prefills == [8, 4]
