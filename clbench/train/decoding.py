@@ -12,6 +12,8 @@ the rows that are still going and nothing more:
   within :data:`PREFILL_TOKENS` tokens, each padded to its own longest prompt, and the groups'
   KV caches stacked into the batch's (a CPU prefills 1.5x faster per token at that size than
   over a whole batch of tool-use prompts);
+- **a prefix every prompt shares, prefilled once** (:data:`SHARED_PREFIX_TOKENS` tokens or more:
+  a column's chat template and instructions), its keys and values copied to every row;
 - **ended rows leave the batch**: EOS, the row's own token cap, or a stop string in its newest
   tokens; the KV cache keeps only the live rows, and the loop ends when none is left;
 - **stop strings on the newest tokens only** (:class:`StopScanner`), not the whole completion
