@@ -243,8 +243,8 @@ def _prefill_in_groups(model: Any, input_ids: torch.Tensor, attention: torch.Ten
         own = attention[start:stop].long().sum(-1) - prefix  # each row's tokens after it
         lead = width - int(own.max())
         part = attention_cache(model, capacity=prefix + width - lead)
-        columns = torch.arange(width - lead, device=own.device)
-        mask = (columns[None, :] >= (width - lead - own)[:, None]).to(attention.dtype)
+        column = torch.arange(width - lead, device=own.device)
+        mask = (column[None, :] >= (width - lead - own)[:, None]).to(attention.dtype)
         if shared is not None:
             for layer, first in zip(part.layers, shared.layers):
                 rows = stop - start
@@ -256,10 +256,10 @@ def _prefill_in_groups(model: Any, input_ids: torch.Tensor, attention: torch.Ten
                                      last_only=True)[:, -1])
         parts.append(part)
         masks.append(mask)
-    columns = max(m.shape[1] for m in masks)
+    widest = max(m.shape[1] for m in masks)
     for i, layer in enumerate(cache.layers):
-        layer.stack([(part.layers[i].keys, part.layers[i].values) for part in parts], columns)
-    return torch.cat(logits), torch.cat([F.pad(m, (columns - m.shape[1], 0)) for m in masks])
+        layer.stack([(part.layers[i].keys, part.layers[i].values) for part in parts], widest)
+    return torch.cat(logits), torch.cat([F.pad(m, (widest - m.shape[1], 0)) for m in masks])
 
 
 def forward_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
