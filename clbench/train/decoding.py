@@ -105,8 +105,7 @@ def decode(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, plan: R
                                                        position)
         mask = torch.cat([mask, mask.new_ones((len(live), 1))], dim=1)
         position = position + 1
-        logits = forward_logits(model, tokens[:, None], mask, position, cache,
-                                last_only=False)[:, -1]
+        logits = forward_logits(model, tokens[:, None], mask, position, cache)[:, -1]
     return generated
 
 
@@ -144,12 +143,12 @@ SHARED_PREFIX_TOKENS = 32
 def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
             row_prompts: Sequence[int], cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Next-token logits of every row after its prompt, the cache filled with every row's
-    prompt, and the attention mask of that cache's columns (the batch's `attention` unless the
-    prompts' shared prefix or groups of rows laid the cache out otherwise; masked columns are
-    padding). Each distinct prompt is computed once and copied to the rows that repeat it;
-    where the cache is preallocated, the leading tokens common to every prompt are computed once
-    (at least :data:`SHARED_PREFIX_TOKENS`) and the rest in forwards of at most
-    :data:`PREFILL_TOKENS` tokens."""
+    prompt, and the attention mask of that cache's columns (masked columns are padding, wherever
+    they lie). Each distinct prompt is computed once and copied to the rows that repeat it.
+    Where the cache is preallocated, the leading tokens common to every prompt are computed once
+    (at least :data:`SHARED_PREFIX_TOKENS`) and the rest in groups of rows of at most
+    :data:`PREFILL_TOKENS` tokens (:func:`_prefill_in_groups`); otherwise the left-padded batch
+    goes through one forward under its padding mask."""
     import torch
 
     first: dict[int, int] = {}  # prompt index -> its first row
@@ -160,13 +159,15 @@ def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
         distinct = torch.tensor(list(first.values()), device=input_ids.device)
         input_ids, attention = input_ids[distinct], attention[distinct]
     lengths = attention.long().sum(-1).tolist()
-    prefix = _shared_prefix(input_ids, lengths) if preallocated(cache) else 0
-    groups = row_batches([n - prefix for n in lengths], len(lengths), PREFILL_TOKENS) \
-        if preallocated(cache) else [(0, len(lengths))]
-    if len(groups) == 1 and not prefix:
-        logits, mask = _prefill_forward(model, input_ids, attention, cache), attention
-    else:
+    if preallocated(cache):
+        prefix = _shared_prefix(input_ids, lengths)
+        groups = row_batches([n - prefix for n in lengths], len(lengths), PREFILL_TOKENS)
         logits, mask = _prefill_in_groups(model, input_ids, attention, groups, prefix, cache)
+    else:
+        positions = (attention.long().cumsum(-1) - 1).masked_fill(attention == 0, 0)
+        last = attention.new_full((len(lengths),), input_ids.shape[1] - 1)
+        logits, mask = forward_logits(model, input_ids, attention, positions, cache, at=last), \
+            attention
     if shared:
         order = {prompt: k for k, prompt in enumerate(first)}
         copies = torch.tensor([order[p] for p in row_prompts], device=input_ids.device)
@@ -213,49 +214,50 @@ def row_batches(lengths: Sequence[int], max_rows: int, token_budget: int | None 
     return batches
 
 
-def _prefill_forward(model: Any, input_ids: torch.Tensor, attention: torch.Tensor, cache: Any
-                     ) -> torch.Tensor:
-    positions = (attention.long().cumsum(-1) - 1).masked_fill(attention == 0, 0)
-    return forward_logits(model, input_ids, attention, positions, cache, last_only=True)[:, -1]
-
-
 def _prefill_in_groups(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
                        groups: list[tuple[int, int]], prefix: int, cache: Any
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits of each row and the mask of the cache's columns: the `prefix` tokens every row
-    shares computed once (one row), then each group's own tokens on top of a copy of them, cut
-    to the group's longest (left padding: the columns before it are padding in every row of the
-    group); every group's keys and values stacked into `cache`, left-padded back to the widest
-    group (padding masked). A row's columns: padding, the shared prefix, padding, its own tokens,
-    each at its own position."""
+    shares computed once (one row), then each group's own tokens on top of a copy of them; every
+    group's keys and values stacked into `cache`, left-padded to the widest group (padding
+    masked). A row's columns: padding, the shared prefix, its own tokens, padding.
+
+    A group's own tokens are right-padded: causal attention never lets a token see the padding
+    after it, so the forward needs no padding mask, and without a shared prefix it runs
+    attention's causal kernel, which skips the blocks above the diagonal (on a CPU a group of
+    tool-use prompts prefilled 1.4x faster than left-padded under a mask). The padding's own
+    keys and values are computed and masked from then on."""
     import torch
     import torch.nn.functional as F
 
     width = input_ids.shape[1]
-    start_of_prefix = width - int(attention[0].long().sum())
+    lengths = attention.long().sum(-1)
     shared = None
     if prefix:
         shared = attention_cache(model, capacity=prefix)
-        ids = input_ids[:1, start_of_prefix:start_of_prefix + prefix]
-        _prefill_forward(model, ids, torch.ones_like(ids), shared)
+        start = width - int(lengths[0])
+        ids = input_ids[:1, start:start + prefix]
+        whole = torch.ones_like(ids)
+        forward_logits(model, ids, whole, whole.cumsum(-1) - 1, shared,
+                       at=whole.new_full((1,), prefix - 1))
     logits, parts, masks = [], [], []
     for start, stop in groups:
-        own = attention[start:stop].long().sum(-1) - prefix  # each row's tokens after it
-        lead = width - int(own.max())
-        part = attention_cache(model, capacity=prefix + width - lead)
-        column = torch.arange(width - lead, device=own.device)
-        mask = (column[None, :] >= (width - lead - own)[:, None]).to(attention.dtype)
+        rows, own = stop - start, lengths[start:stop] - prefix  # each row's tokens after it
+        longest = int(own.max())
+        step = torch.arange(longest, device=own.device)
+        # the row's own tokens from the left, then its last token again as padding
+        take = (width - own[:, None] + step).clamp(max=width - 1)
+        ids = input_ids[start:stop].gather(1, take)
+        part = attention_cache(model, capacity=prefix + longest)
         if shared is not None:
             for layer, first in zip(part.layers, shared.layers):
-                rows = stop - start
                 layer.stack([(first.keys.expand(rows, -1, -1, -1),
                               first.values.expand(rows, -1, -1, -1))], prefix)
-            mask = torch.cat([mask.new_ones((stop - start, prefix)), mask], dim=1)
-        positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)[:, prefix:]
-        logits.append(forward_logits(model, input_ids[start:stop, lead:], mask, positions, part,
-                                     last_only=True)[:, -1])
+        whole = attention.new_ones((rows, prefix + longest))
+        logits.append(forward_logits(model, ids, whole, (prefix + step).expand(rows, -1), part,
+                                     at=own - 1))
         parts.append(part)
-        masks.append(mask)
+        masks.append(torch.cat([whole[:, :prefix], (step < own[:, None]).to(whole.dtype)], 1))
     widest = max(m.shape[1] for m in masks)
     for i, layer in enumerate(cache.layers):
         layer.stack([(part.layers[i].keys, part.layers[i].values) for part in parts], widest)
@@ -263,15 +265,24 @@ def _prefill_in_groups(model: Any, input_ids: torch.Tensor, attention: torch.Ten
 
 
 def forward_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
-             cache: Any, last_only: bool) -> torch.Tensor:
-    """The model's logits (fp32, as `generate` processes them); `last_only`: for the last
-    position alone where the model can skip the others (a vocabulary row per prompt token)."""
+                   cache: Any, at: torch.Tensor | None = None) -> torch.Tensor:
+    """The model's logits (fp32, as `generate` processes them): at every position, or with `at`
+    (one position per row) each row's logits there alone, computed for those positions only
+    where the model can skip the others (a vocabulary row per prompt token)."""
+    import torch
+
     params = _forward_parameters(type(model))
-    extra = {"logits_to_keep": 1} if last_only and "logits_to_keep" in params else {}
     cache_name = "cache" if "cache" in params else "past_key_values"
+    extra, kept = {}, None
+    if at is not None and "logits_to_keep" in params:
+        kept, at = at.unique(return_inverse=True)
+        extra = {"logits_to_keep": kept}
     out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
                 **{cache_name: cache}, **extra)
-    return out.logits.float()
+    logits = out.logits
+    if at is not None:
+        logits = logits[torch.arange(len(at), device=logits.device), at]
+    return logits.float()
 
 
 @functools.cache

@@ -98,7 +98,7 @@ def decode_with_drafts(model: Any, input_ids: torch.Tensor, attention: torch.Ten
                             for t, d in zip(tokens, proposed)], device=mask.device)
         mask = torch.cat([mask, mask.new_ones((len(live), width))], dim=1)
         steps = torch.arange(1, width + 1, device=mask.device)
-        out = forward_logits(model, ids, mask, position[:, None] + steps, cache, last_only=False)
+        out = forward_logits(model, ids, mask, position[:, None] + steps, cache)
         if width == 1:
             logits, position = out[:, -1], position + 1
             continue

@@ -174,9 +174,11 @@ def _left_padded(tok, prompt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.
     return ids, mask
 
 
-def _prefilled(monkeypatch, model, ids, mask, rows, sampling, **settings):
-    """Under the decoding module's `settings`: the prefill's forwards (their input shapes), its
-    logits, cache keys and mask, and the tokens :func:`decode` gives (seeded) for the rows."""
+def _prefilled(monkeypatch, model, ids, mask, rows, sampling, preallocate=True, **settings):
+    """Under the decoding module's `settings`: the prefill's forwards (their input shapes, and
+    whether each ran without a padding mask), its logits, cache keys and mask, and the tokens
+    :func:`decode` gives (seeded) for the rows; `preallocate=False`: with dynamic caches, the
+    whole left-padded batch in one forward."""
     from clbench.train import decoding
 
     for name, value in settings.items():
@@ -184,28 +186,34 @@ def _prefilled(monkeypatch, model, ids, mask, rows, sampling, **settings):
     forwards = []
     real = decoding.forward_logits
 
-    def spy(model, ids, mask, positions, cache, last_only):
-        if last_only:  # a prefill's forward, not a decoding step's
-            forwards.append(tuple(ids.shape))
-        return real(model, ids, mask, positions, cache, last_only)
+    def spy(model, ids, mask, positions, cache, at=None):
+        if at is not None:  # a prefill's forward, not a decoding step's
+            forwards.append((tuple(ids.shape), bool(mask.all())))
+        return real(model, ids, mask, positions, cache, at)
 
     monkeypatch.setattr(decoding, "forward_logits", spy)
-    width = ids.shape[1]
-    cache = decoding.attention_cache(model, capacity=width + 12)
+    capacity = ids.shape[1] + 12 if preallocate else None
+    cache = decoding.attention_cache(model, capacity=capacity)
     logits, cache_mask = decoding.prefill(model, ids[rows], mask[rows], rows, cache)
     keys = [layer.keys.clone() for layer in cache.layers]
     prefills = list(forwards)  # the decode below prefills again
     torch.manual_seed(0)
     tokens = decoding.decode(model, ids[rows], mask[rows],
                              decoding.RowPlan(rows, [12] * len(rows), frozenset()), sampling,
-                             decoding.attention_cache(model, capacity=width + 12))
+                             decoding.attention_cache(model, capacity=capacity))
     return prefills, logits, keys, cache_mask, tokens
 
 
+def _kept_keys(keys, cache_mask):
+    """Each row's keys at its unmasked columns, in order: a cache's content whatever its layout."""
+    return [[layer[row][:, keep.bool()] for layer in keys] for row, keep in enumerate(cache_mask)]
+
+
 def test_prefill_in_groups_of_rows_fills_the_cache_a_single_forward_fills(monkeypatch) -> None:
-    """Rows prefilled in groups within PREFILL_TOKENS, each cut to its own longest prompt, then
-    stacked: the same next-token logits, cache and decoded tokens as one forward over the batch
-    (fp32), with rows of one prompt sharing its prefill."""
+    """Rows prefilled in groups within PREFILL_TOKENS, each right-padded to its own longest
+    prompt (no padding mask), then stacked: the same next-token logits, cached keys and decoded
+    tokens as one forward over the left-padded batch (fp32), with rows of one prompt sharing
+    its prefill."""
     model, tok = _varied_tiny()
     prompt_ids = sorted((encode_chat(tok, p) for p in PROMPTS), key=len, reverse=True)
     ids, mask = _left_padded(tok, prompt_ids)
@@ -216,22 +224,30 @@ def test_prefill_in_groups_of_rows_fills_the_cache_a_single_forward_fills(monkey
     apart = {"SHARED_PREFIX_TOKENS": 10_000}  # every row prefilled whole
 
     whole, logits, keys, whole_mask, tokens = _prefilled(
-        monkeypatch, model, ids, mask, rows, greedy, PREFILL_TOKENS=10_000, **apart)
-    assert whole == [(6, width)]  # the distinct prompts in one forward
+        monkeypatch, model, ids, mask, rows, greedy, preallocate=False)
+    assert whole == [((6, width), False)]  # the distinct prompts in one forward, masked
     assert torch.equal(whole_mask, mask[rows])
-    pairs, pair_logits, pair_keys, pair_mask, pair_tokens = _prefilled(
-        monkeypatch, model, ids, mask, rows, greedy, PREFILL_TOKENS=2 * width, **apart)
-    assert pairs == [(2, len(prompt_ids[0])), (2, len(prompt_ids[2])), (2, len(prompt_ids[4]))]
-    assert torch.equal(pair_mask, mask[rows])
-    torch.testing.assert_close(pair_logits, logits)
-    for ours, theirs in zip(pair_keys, keys):
-        assert ours.shape == theirs.shape == (len(rows), *theirs.shape[1:])
-        torch.testing.assert_close(ours * mask[rows][:, None, :, None],
-                                   theirs * mask[rows][:, None, :, None])
-    assert pair_tokens == tokens
+    for tokens_per_group, groups in ((10_000, [((6, width), True)]),
+                                     (2 * width, [((2, len(prompt_ids[0])), True),
+                                                  ((2, len(prompt_ids[2])), True),
+                                                  ((2, len(prompt_ids[4])), True)])):
+        ours, our_logits, our_keys, our_mask, our_tokens = _prefilled(
+            monkeypatch, model, ids, mask, rows, greedy, PREFILL_TOKENS=tokens_per_group, **apart)
+        assert ours == groups
+        # each row: padding, its prompt, padding
+        assert our_mask.sum(-1).tolist() == mask[rows].sum(-1).tolist()
+        for row, row_mask in zip(rows, our_mask.tolist()):
+            start = row_mask.index(1)
+            assert row_mask[start:start + len(prompt_ids[row])] == [1] * len(prompt_ids[row])
+        torch.testing.assert_close(our_logits, logits)
+        for ours_row, theirs_row in zip(_kept_keys(our_keys, our_mask),
+                                        _kept_keys(keys, whole_mask)):
+            for ours_layer, theirs_layer in zip(ours_row, theirs_row):
+                torch.testing.assert_close(ours_layer, theirs_layer)
+        assert our_tokens == tokens
     assert _prefilled(monkeypatch, model, ids, mask, rows, sampled, PREFILL_TOKENS=2 * width,
                       **apart)[4] == _prefilled(monkeypatch, model, ids, mask, rows, sampled,
-                                                PREFILL_TOKENS=10_000, **apart)[4]
+                                                preallocate=False)[4]
 
 
 def test_a_prefix_every_prompt_shares_is_prefilled_once_with_the_same_logits_and_tokens(
@@ -249,23 +265,24 @@ def test_a_prefix_every_prompt_shares_is_prefilled_once_with_the_same_logits_and
     assert prefix >= 20
     rows = [0, 1, 2, 2, 3, 4, 5]
     greedy, sampled = Sampling(0.0), Sampling(1.0, 0.9)
-    whole = {"SHARED_PREFIX_TOKENS": 10_000, "PREFILL_TOKENS": 10_000}
     forwards, logits, _, _, tokens = _prefilled(monkeypatch, model, ids, mask, rows, greedy,
-                                                **whole)
-    assert forwards == [(6, ids.shape[1])]
+                                                preallocate=False)
+    assert forwards == [((6, ids.shape[1]), False)]
     own = [len(p) - prefix for p in prompt_ids]
     for groups, settings in ((1, {"PREFILL_TOKENS": 10_000}),
                              (3, {"PREFILL_TOKENS": 2 * own[0]})):
         forwards, ours, _, cache_mask, our_tokens = _prefilled(
             monkeypatch, model, ids, mask, rows, greedy, SHARED_PREFIX_TOKENS=20, **settings)
-        assert forwards[0] == (1, prefix) and len(forwards) == 1 + groups
-        assert sum(shape[0] for shape in forwards[1:]) == 6
+        assert forwards[0] == ((1, prefix), True) and len(forwards) == 1 + groups
+        assert sum(shape[0] for shape, _ in forwards[1:]) == 6
+        assert all(unmasked for _, unmasked in forwards)
         torch.testing.assert_close(ours, logits)
         assert our_tokens == tokens
-        # each row: padding, the shared prefix, padding, its own tokens
+        # each row: padding, the shared prefix, its own tokens, padding
         for row, row_mask in zip(rows, cache_mask.tolist()):
+            start = row_mask.index(1)
+            assert row_mask[start:start + len(prompt_ids[row])] == [1] * len(prompt_ids[row])
             assert sum(row_mask) == len(prompt_ids[row])
-            assert row_mask[-own[row]:] == [1] * own[row]
         assert _prefilled(monkeypatch, model, ids, mask, rows, sampled, SHARED_PREFIX_TOKENS=20,
                           **settings)[4] == _prefilled(monkeypatch, model, ids, mask, rows,
-                                                       sampled, **whole)[4]
+                                                       sampled, preallocate=False)[4]
