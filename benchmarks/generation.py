@@ -26,12 +26,16 @@ both change bf16 rounding. `--compare drafts`: a run's evaluation with prompt-lo
 with each batch prefilled in groups of rows within `decoding.PREFILL_TOKENS` tokens against one
 prefill forward per batch. `--compare prefix`: a run's evaluation with the leading tokens common
 to a batch's prompts prefilled once (`decoding.SHARED_PREFIX_TOKENS`) against with every row.
+`--compare batch`: a run's evaluation in CPU batches of `--tokens` tokens and at most `--growth`
+times the protocol's batch size (`clbench.eval.column.CPU_BATCH_TOKENS`, `AUTO_BATCH_GROWTH`)
+against the library's own.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare settings --n 100 --repeats 1 \
         --columns math,science,tool_use,math_ood,science_ood,tool_use_ood
     python benchmarks/generation.py starter --compare prefill --columns tool_use --n 64
     python benchmarks/generation.py starter --compare prefix --columns math,math_ood --n 100
+    python benchmarks/generation.py starter --compare batch --tokens 49152 --columns tool_use
     python benchmarks/generation.py starter --compare loop --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare engine --device cuda --n 100
 
@@ -57,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
     ap.add_argument("--compare", default="cast",
                     choices=("cast", "loop", "engine", "settings", "drafts", "prefill",
-                             "prefix"),
+                             "prefix", "batch"),
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
                          "model.generate in evaluation and rollouts; engine: the decode loop "
                          "against the static-cache engine, the same jobs; settings: evaluation "
@@ -66,8 +70,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "prompt-lookup drafts against without; prefill: evaluation with "
                          "batches prefilled in groups of rows against one prefill per batch; "
                          "prefix: evaluation with the prompts' shared prefix prefilled once "
-                         "against with every row")
+                         "against with every row; batch: evaluation in CPU batches of --tokens "
+                         "tokens against the library's batches")
     ap.add_argument("--drafts", type=int, default=4, help="drafts per step for --compare drafts")
+    ap.add_argument("--tokens", type=int, default=24_576,
+                    help="tokens per CPU evaluation batch for --compare batch")
+    ap.add_argument("--growth", type=int, default=None,
+                    help="at most this many times the protocol's batch size per call, for "
+                         "--compare batch (default: the library's)")
     ap.add_argument("--columns", default="math,tool_use",
                     help="comma-separated task columns (and, for --compare loop, stages)")
     ap.add_argument("--n", type=int, default=48, help="eval items per column (default 48)")
@@ -87,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine,
                "settings": compare_settings, "drafts": compare_drafts,
-               "prefill": compare_prefill, "prefix": compare_prefix}[args.compare]
+               "prefill": compare_prefill, "prefix": compare_prefix,
+               "batch": compare_batch}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -153,6 +164,21 @@ def compare_prefix(suite: Any, model: Any, tokenizer: Any, args: argparse.Namesp
     once, every_row = swapped(decoding, "SHARED_PREFIX_TOKENS", sys.maxsize)
     _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
     return {"shared prefix prefilled once": once, "prefilled with every row": every_row}, jobs
+
+
+def compare_batch(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                  ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Greedy evaluation of each column under the suite's settings in CPU batches of
+    `--tokens` tokens (and `--growth` times the protocol's batch size) / the library's."""
+    from clbench.eval import column
+
+    growth = args.growth or column.AUTO_BATCH_GROWTH
+    library_tokens, other_tokens = swapped(column, "CPU_BATCH_TOKENS", args.tokens)
+    library_growth, other_growth = swapped(column, "AUTO_BATCH_GROWTH", growth)
+    _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
+    return {f"{column.CPU_BATCH_TOKENS:,} tokens, x{column.AUTO_BATCH_GROWTH} (library)":
+            lambda: (library_tokens(), library_growth()),
+            f"{args.tokens:,} tokens, x{growth}": lambda: (other_tokens(), other_growth())}, jobs
 
 
 def settings_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,
