@@ -123,11 +123,12 @@ def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples
 
 #: Under `model.eval_batching: auto` on a CPU, the tokens (prompt, padded to the batch's
 #: longest, plus the token cap) one evaluation batch holds: measured fastest on a 2-core CPU
-#: with AVX512-BF16 for the starter's columns (64 math prompts of 180 tokens a batch, 17 tool-use
-#: prompts of 700; docs/performance.md, "Evaluation batches").
-CPU_BATCH_TOKENS = 12_288
-#: ... and at most this many times `protocol.decoding.batch_size` prompts.
-AUTO_BATCH_GROWTH = 4
+#: with AVX512-BF16 for the starter's columns once prefills ran in groups of rows (a decoding
+#: step is bound by reading the weights, so more rows share each read: 46 tool-use prompts of
+#: 700 tokens a batch; docs/performance.md, "Evaluation batches").
+CPU_BATCH_TOKENS = 32_768
+#: ... and at most this many times `protocol.decoding.batch_size` prompts (128 math prompts).
+AUTO_BATCH_GROWTH = 8
 
 
 @dataclass(frozen=True)

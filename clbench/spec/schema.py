@@ -372,7 +372,7 @@ class ModelSpec(Spec):
         "(rollouts, sampled evaluation) always uses the master weights.")
     eval_batching: Literal["auto", "suite"] = Field(
         default="auto", description="How evaluation batches a column's prompts: `auto`, on a "
-        "CPU, as many as fit 12,288 tokens of prompt and answer (up to 4x "
+        "CPU, as many as fit 32,768 tokens of prompt and answer (up to 8x "
         "`protocol.decoding.batch_size`: short prompts in large batches, long ones in small; "
         "measured fastest there, docs/performance.md), elsewhere the protocol's batch size; "
         "`suite`, always `protocol.decoding.batch_size`. In bf16 a batch of another composition "

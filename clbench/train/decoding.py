@@ -9,9 +9,10 @@ the rows that are still going and nothing more:
 - **one prefill per distinct prompt**: the samples of a prompt share its KV cache and its
   first-token logits (rows are copied, not recomputed);
 - **prefills of a few thousand tokens**: a batch of long prompts is prefilled in groups of rows
-  within :data:`PREFILL_TOKENS` tokens, each padded to its own longest prompt, and the groups'
-  KV caches stacked into the batch's (a CPU prefills 1.5x faster per token at that size than
-  over a whole batch of tool-use prompts);
+  within :data:`PREFILL_TOKENS` tokens, each padded on the right to its own longest prompt
+  (no padding mask: the attention's causal kernel, and padding no real token attends to), and
+  the groups' KV caches stacked into the batch's (a CPU prefills 1.5x faster per token at that
+  size than over a whole batch of tool-use prompts);
 - **a prefix every prompt shares, prefilled once** (:data:`SHARED_PREFIX_TOKENS` tokens or more:
   a column's chat template and instructions), its keys and values copied to every row;
 - **ended rows leave the batch**: EOS, the row's own token cap, or a stop string in its newest

@@ -140,12 +140,12 @@ def test_a_run_batches_evaluation_by_tokens_on_a_cpu_and_by_the_protocol_elsewhe
     from clbench.spec.schema import DecodingSpec, ModelSpec
 
     decoding = DecodingSpec(batch_size=16)
-    assert EvalBatching.of(decoding, "auto", "cpu") == EvalBatching(64, CPU_BATCH_TOKENS)
+    assert EvalBatching.of(decoding, "auto", "cpu") == EvalBatching(128, CPU_BATCH_TOKENS)
     assert EvalBatching.of(decoding, "auto", "cuda") == EvalBatching(16, None)  # not measured
     assert EvalBatching.of(decoding, "suite", "cpu") == EvalBatching(16, None)
     model, tokenizer = load_model("tiny-llama", device="cpu", dtype="float32", seed=1)
     _, prompts = run_generate_fn(model, tokenizer, decoding, ModelSpec(name="tiny-llama"))
-    assert prompts == 64
+    assert prompts == 128
     _, prompts = run_generate_fn(model, tokenizer, decoding,
                                  ModelSpec(name="tiny-llama", eval_batching="suite"))
     assert prompts == 16
