@@ -27,7 +27,7 @@ with each batch prefilled in groups of rows within `decoding.PREFILL_TOKENS` tok
 prefill forward per batch. `--compare prefix`: a run's evaluation with the leading tokens common
 to a batch's prompts prefilled once (`decoding.SHARED_PREFIX_TOKENS`) against with every row.
 `--compare batch`: a run's evaluation in CPU batches of `--tokens` tokens and at most `--growth`
-times the protocol's batch size (`clbench.eval.column.CPU_BATCH_TOKENS`, `AUTO_BATCH_GROWTH`)
+times the protocol's batch size (`clbench.spec.schema.CPU_BATCH_TOKENS`, `AUTO_BATCH_GROWTH`)
 against the library's own.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from clbench.eval.records import ItemRecord
 from clbench.metrics.aggregate import wilson_interval
+from clbench.spec.schema import AUTO_BATCH_GROWTH, CPU_BATCH_TOKENS
 from clbench.tasks.base import Example, Messages, TaskSource, grade_all
 
 if TYPE_CHECKING:
     from clbench.progress import AnyProgress
     from clbench.spec.schema import DecodingSpec, ModelSpec
-
 
 
 @dataclass(frozen=True)
@@ -119,16 +119,6 @@ def summarise_cell(column: str, records: Sequence[ItemRecord], bootstrap_samples
     interval = wilson_interval(correct, n) if bootstrap_samples > 0 else None
     return CellResult(column, correct / n, sum(r.reward for r in records) / n, n,
                       interval.as_dict() if interval else None, list(records))
-
-
-#: Under `model.eval_batching: auto` on a CPU, the tokens (prompt, padded to the batch's
-#: longest, plus the token cap) one evaluation batch holds: measured fastest on a 2-core CPU
-#: with AVX512-BF16 for the starter's columns once prefills ran in groups of rows (a decoding
-#: step is bound by reading the weights, so more rows share each read: 46 tool-use prompts of
-#: 700 tokens a batch; docs/performance.md, "Evaluation batches").
-CPU_BATCH_TOKENS = 32_768
-#: ... and at most this many times `protocol.decoding.batch_size` prompts (128 math prompts).
-AUTO_BATCH_GROWTH = 8
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,16 @@ MAX_SAMPLES = 1_024
 MAX_TOKENS = 1_048_576
 MAX_COUNT = 10_000_000
 
+#: Under `model.eval_batching: auto` on a CPU (:class:`clbench.eval.column.EvalBatching`), the
+#: tokens (prompt, padded to the batch's longest, plus the token cap) one evaluation batch holds:
+#: measured fastest on a 2-core CPU with AVX512-BF16 for the starter's columns once prefills ran
+#: in groups of rows (a decoding step is bound by reading the weights, so more rows share each
+#: read: 46 tool-use prompts of 700 tokens a batch; docs/performance.md, "Evaluation batches").
+#: Here, not in the evaluation layer, so that the settings' descriptions quote them.
+CPU_BATCH_TOKENS = 32_768
+#: ... and at most this many times `protocol.decoding.batch_size` prompts (128 math prompts).
+AUTO_BATCH_GROWTH = 8
+
 
 class TaskSpec(Spec):
     """A task: a registered task source, its parameters, and how many items each split holds."""
@@ -173,7 +183,7 @@ class DecodingSpec(Spec):
     batch_size: int = Field(default=16, ge=1, le=MAX_ITEMS,
                             description="Prompts per generation batch (on a CPU, "
                             "`model.eval_batching: auto` sizes batches by tokens instead, up to "
-                            "4x this).")
+                            f"{AUTO_BATCH_GROWTH}x this).")
 
 
 MetricName = Literal["acc", "op", "aia", "la", "bwt", "fwt", "forgetting", "ood_delta",
@@ -372,7 +382,8 @@ class ModelSpec(Spec):
         "(rollouts, sampled evaluation) always uses the master weights.")
     eval_batching: Literal["auto", "suite"] = Field(
         default="auto", description="How evaluation batches a column's prompts: `auto`, on a "
-        "CPU, as many as fit 32,768 tokens of prompt and answer (up to 8x "
+        f"CPU, as many as fit {CPU_BATCH_TOKENS:,} tokens of prompt and answer (up to "
+        f"{AUTO_BATCH_GROWTH}x "
         "`protocol.decoding.batch_size`: short prompts in large batches, long ones in small; "
         "measured fastest there, docs/performance.md), elsewhere the protocol's batch size; "
         "`suite`, always `protocol.decoding.batch_size`. In bf16 a batch of another composition "

@@ -134,6 +134,15 @@ def test_sampled_evaluation_draws_afresh_in_every_batch_and_repeats_per_seed() -
     assert batches(seed=8) != first
 
 
+def test_the_settings_help_quotes_the_cpu_batch_size_that_auto_uses() -> None:
+    from clbench.spec.schema import AUTO_BATCH_GROWTH, CPU_BATCH_TOKENS, DecodingSpec, ModelSpec
+
+    help_text = ModelSpec.model_fields["eval_batching"].description
+    assert f"{CPU_BATCH_TOKENS:,} tokens" in help_text
+    assert f"up to {AUTO_BATCH_GROWTH}x" in help_text
+    assert f"up to {AUTO_BATCH_GROWTH}x this" in DecodingSpec.model_fields["batch_size"].description
+
+
 def test_a_run_batches_evaluation_by_tokens_on_a_cpu_and_by_the_protocol_elsewhere() -> None:
     from clbench.eval.column import CPU_BATCH_TOKENS, EvalBatching, run_generate_fn
     from clbench.models import load_model
