@@ -41,6 +41,7 @@ def rank_entries(entries: list[dict[str, Any]], runs: dict[str, Sequence[RunResu
     raw = {e["id"]: bootstrap_draws(runs[e["id"]], list(metrics), SAMPLES, rng) for e in entries}
     tail = (1 - CONFIDENCE) / 2
     for e in entries:
+        e["rank"] = None  # unranked until its ACC is compared (none has one: none is ranked)
         for name, summary in e["metrics"].items():
             values = raw[e["id"]].get(name)
             values = values[~np.isnan(values)] if values is not None else np.array([])

@@ -124,6 +124,26 @@ def test_an_undefined_cell_round_trips_and_is_shown_as_a_dash(tmp_path: Path) ->
     assert last.rstrip(" |").endswith("—")
 
 
+def test_an_entry_without_an_acc_is_shown_unranked_beside_a_ranked_one(tmp_path: Path) -> None:
+    """A final row with an undefined training cell leaves ACC undefined: the board still builds,
+    that entry unranked, the other ranked as before (once, no entry at all had a rank)."""
+    _file(tmp_path, "ranked", _result(tmp_path, method="sft"))
+    unranked = _result(tmp_path, method="grpo")
+    unranked.matrix[2][0] = Cell(score=None, n=10)
+    unranked.metrics = metric_values(unranked, run_spec("smoke", "grpo").suite.protocol)
+    _file(tmp_path, "unranked", unranked)
+    for k, files in enumerate(([tmp_path / "results" / "unranked.json"],
+                               [tmp_path / "results"])):
+        site = tmp_path / f"site{k}"
+        built = CliRunner().invoke(cli, ["leaderboard", "build", *map(str, files), "--out",
+                                         str(site)])
+        assert built.exit_code == 0, (built.output, built.exception)
+        board = json.loads((site / "leaderboard.json").read_text())
+        ranks = {e["method"]: e["rank"] for s in board["suites"] for e in s["entries"]}
+        assert ranks["grpo"] is None
+        assert ranks.get("sft", 1) == 1
+
+
 def test_stored_metrics_are_recomputed_from_the_matrix_and_a_mismatch_is_said(tmp_path: Path
                                                                             ) -> None:
     path = _edited(_file(tmp_path, "forged", _result(tmp_path)),
