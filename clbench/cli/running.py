@@ -75,6 +75,9 @@ def run_command(suite_ref: str, method_name: str, seed: int, out_dir: str | None
         print_resolution(console, importlib.import_module("clbench.run.setup").resolution(run))
     if plan_only:
         return
+    from clbench.sweep.children import stop_when_sweep_ends
+
+    stop_when_sweep_ends()  # a sweep's child: it stops when the sweep is gone
     # Imported here so that listing, validating and planning stay quick (no torch import).
     recipe = importlib.import_module("clbench.run.recipe")
     from clbench.train.distributed import launched_as_main

@@ -6,7 +6,8 @@ into the run directory, which refuses anything but a clbench run. This module st
 watches them (a live table where live displays are drawn, a line per finished stage elsewhere),
 stops them all on Ctrl-C, SIGTERM or SIGHUP (each saves what it has done) and reports the
 ones that failed with the end of their logs. On Linux a child also gets SIGTERM when the sweep
-dies of a SIGKILL, which the sweep itself cannot catch, so no child outlives the sweep.
+dies of a SIGKILL, which the sweep itself cannot catch, and each child watches for its sweep's
+end itself (:func:`stop_when_sweep_ends`), so no child outlives the sweep.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ from clbench.errors import (
     UserError,
     hangup_as_termination,
     stop_of,
+    stop_requests,
     stops_deferred,
     terminate_as_interrupt,
 )
@@ -52,6 +55,10 @@ STOP_GRACE_SECONDS = 30.0
 PR_SET_PDEATHSIG = 1
 #: Lines of a failed child's log shown at the end of the sweep.
 LOG_TAIL_LINES = 12
+#: The environment variable that tells a child run the process id of the sweep that started it.
+SWEEP_PID_VARIABLE = "CLBENCH_SWEEP_PID"
+#: Seconds between a child's looks at whether its sweep is still there.
+WATCH_SECONDS = 1.0
 
 
 
@@ -79,6 +86,7 @@ class ChildLauncher:
         if self.threads is not None:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
         env["PYTHONUNBUFFERED"] = "1"  # the log shows progress as it happens
+        env[SWEEP_PID_VARIABLE] = str(os.getpid())  # the child stops when the sweep is gone
         env.setdefault("COLUMNS", "160")  # a file is 80 columns to rich: tables would wrap
         return env
 
@@ -115,6 +123,39 @@ def terminate_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # the sweep died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def stop_when_sweep_ends(sweep_pid: int | None = None, every: float = WATCH_SECONDS,
+                         again: float = 2 * STOP_GRACE_SECONDS) -> bool:
+    """In a child run of a sweep (`sweep_pid`, else the one named by the environment variable
+    the sweep sets): a daemon thread that sends this process SIGTERM once its parent is no
+    longer that sweep (unless a stop has arrived: the parent-death signal's), which then stops
+    cleanly as on any SIGTERM, and again every `again` seconds while it lives. The
+    parent-death signal does this on Linux alone, and once: where Python could not raise the
+    stop (a signal that lands inside a finalizer is only printed) the run would train on
+    unsupervised. False, and nothing watched, outside a sweep's child."""
+    if sweep_pid is None:
+        try:
+            sweep_pid = int(os.environ.get(SWEEP_PID_VARIABLE, ""))
+        except ValueError:
+            return False
+    if os.getppid() != sweep_pid:  # started by something else, or the sweep is already gone
+        return False
+
+    stops = stop_requests()
+
+    def watch() -> None:
+        while os.getppid() == sweep_pid:
+            time.sleep(every)
+        time.sleep(every)  # a parent-death signal, where there is one, has been handled by now
+        if stop_requests() == stops:  # a second stop at once would cut the first's saving short
+            os.kill(os.getpid(), signal.SIGTERM)
+        while True:
+            time.sleep(again)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="clbench-sweep-watch", daemon=True).start()
+    return True
 
 
 def threads_per_child(device: str, parallel: int) -> int | None:

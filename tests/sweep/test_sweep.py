@@ -101,6 +101,65 @@ def test_child_command_carries_every_option_of_the_sweep(tmp_path: Path) -> None
     assert launch.log_path(run) == tmp_path / "logs" / "sft+replay-s3.log"
     env = launch.environment()
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "4"
+    assert env["CLBENCH_SWEEP_PID"] == str(os.getpid())  # the child watches for its end
+
+
+# A sweep's child stand-in: the sweep watch on, a SIGTERM handler that counts the stops (in the
+# file argv[1]) and returns, as a stop lost inside a finalizer would, until the argv[2]-th.
+_WATCHED_CHILD = '''
+import os, signal, sys, time
+from pathlib import Path
+from clbench.sweep.children import stop_when_sweep_ends
+stops = []
+def on_stop(signum, frame):
+    stops.append(signum)
+    Path(sys.argv[1]).write_text(str(len(stops)))
+    if len(stops) == int(sys.argv[2]):
+        os._exit(0)
+signal.signal(signal.SIGTERM, on_stop)
+print(stop_when_sweep_ends(every=0.05, again=0.5), flush=True)
+time.sleep(60)
+'''
+# The sweep's stand-in: starts the child with its own pid in the environment (and no
+# parent-death signal), says the child's pid, then waits to be killed.
+_SWEEP = '''
+import os, subprocess, sys, time
+env = dict(os.environ, CLBENCH_SWEEP_PID=str(os.getpid()))
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], *sys.argv[2:]], env=env)
+print(child.pid, flush=True)
+time.sleep(60)
+'''
+
+
+def test_a_child_stops_itself_when_its_sweep_is_gone_and_asks_again(tmp_path: Path) -> None:
+    stops = tmp_path / "stops"
+    sweep_process = subprocess.Popen(
+        [sys.executable, "-c", _SWEEP, _WATCHED_CHILD, str(stops), "2"],
+        stdout=subprocess.PIPE, text=True)
+    assert sweep_process.stdout is not None
+    child = int(sweep_process.stdout.readline())
+    try:
+        assert sweep_process.stdout.readline().strip() == "True"  # the child's: it watches
+        time.sleep(0.5)
+        assert not stops.exists()  # ten looks at a sweep that is there: no stop
+        sweep_process.kill()  # as SIGKILL does: nothing the sweep can catch
+        sweep_process.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+        assert stops.read_text() == "2"  # the first stop was lost, the second ended it
+    finally:
+        sweep_process.kill()
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_run_outside_a_sweep_watches_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CLBENCH_SWEEP_PID", raising=False)
+    assert sweep_children.stop_when_sweep_ends() is False
+    monkeypatch.setenv("CLBENCH_SWEEP_PID", str(os.getpid()))  # not this process's parent
+    assert sweep_children.stop_when_sweep_ends() is False
 
 
 def test_cpu_threads_are_shared_unless_the_user_chose(monkeypatch: pytest.MonkeyPatch) -> None:
