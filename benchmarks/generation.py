@@ -26,8 +26,10 @@ both change bf16 rounding. `--compare drafts`: a run's evaluation with prompt-lo
 with each batch prefilled in groups of rows within `decoding.PREFILL_TOKENS` tokens against one
 prefill forward per batch. `--compare prefix`: a run's evaluation with the leading tokens common
 to a batch's prompts prefilled once (`decoding.SHARED_PREFIX_TOKENS`) against with every row.
-`--compare batch`: a run's evaluation in CPU batches of `--tokens` tokens and at most `--growth`
-times the protocol's batch size (`clbench.spec.schema.CPU_BATCH_TOKENS`, `AUTO_BATCH_GROWTH`)
+`--compare forward`: a run's evaluation and one step's rollouts through the fused decoding
+forward (`clbench.train.fused_forward`) against transformers' forward. `--compare batch`: a
+run's evaluation in CPU batches of `--tokens` tokens and at most `--growth` times the
+protocol's batch size (`clbench.spec.schema.CPU_BATCH_TOKENS`, `AUTO_BATCH_GROWTH`)
 against the library's own.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
@@ -38,6 +40,7 @@ against the library's own.
     python benchmarks/generation.py starter --compare batch --tokens 49152 --columns tool_use
     python benchmarks/generation.py starter --compare loop --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare engine --device cuda --n 100
+    python benchmarks/generation.py starter --compare forward --columns math,tool_use --n 64
 
 Prints seconds for each way (median [min-max] of the repeats), the ratio, and how many
 completions are identical.
@@ -61,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
     ap.add_argument("--compare", default="cast",
                     choices=("cast", "loop", "engine", "settings", "drafts", "prefill",
-                             "prefix", "batch"),
+                             "prefix", "batch", "forward"),
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
                          "model.generate in evaluation and rollouts; engine: the decode loop "
                          "against the static-cache engine, the same jobs; settings: evaluation "
@@ -71,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "batches prefilled in groups of rows against one prefill per batch; "
                          "prefix: evaluation with the prompts' shared prefix prefilled once "
                          "against with every row; batch: evaluation in CPU batches of --tokens "
-                         "tokens against the library's batches")
+                         "tokens against the library's batches; forward: evaluation and "
+                         "rollouts with the fused decoding forward against transformers' "
+                         "forward")
     ap.add_argument("--drafts", type=int, default=4, help="drafts per step for --compare drafts")
     ap.add_argument("--tokens", type=int, default=24_576,
                     help="tokens per CPU evaluation batch for --compare batch")
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine,
                "settings": compare_settings, "drafts": compare_drafts,
                "prefill": compare_prefill, "prefix": compare_prefix,
-               "batch": compare_batch}[args.compare]
+               "batch": compare_batch, "forward": compare_forward}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -179,6 +184,22 @@ def compare_batch(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespa
     return {f"{column.CPU_BATCH_TOKENS:,} tokens, x{column.AUTO_BATCH_GROWTH} (library)":
             lambda: (library_tokens(), library_growth()),
             f"{args.tokens:,} tokens, x{growth}": lambda: (other_tokens(), other_growth())}, jobs
+
+
+def compare_forward(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                    ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Greedy evaluation of each column under the suite's settings, and one step's rollouts of
+    each stage named in `--columns`, through the fused decoding forward / transformers'."""
+    from clbench.train import fused_forward
+    from clbench.train.rollout import HFGenerator
+
+    fused, theirs = swapped(fused_forward, "FUSED_MODEL_TYPES", ())
+    _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
+    for name, prompts, params in rollout_inputs(suite, args):
+        generator = HFGenerator(model, tokenizer, batch_size=len(prompts) * params.n)
+        jobs.append((name, lambda prompts=prompts, params=params, generator=generator:
+                     [r.text for r in generator.generate(prompts, params)]))
+    return {"fused forward": fused, "transformers' forward": theirs}, jobs
 
 
 def settings_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,

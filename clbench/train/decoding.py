@@ -8,13 +8,14 @@ the rows that are still going and nothing more:
 
 - **one prefill per distinct prompt**: the samples of a prompt share its KV cache and its
   first-token logits (rows are copied, not recomputed);
-- **prefills of a few thousand tokens**: a batch of long prompts is prefilled in groups of rows
-  within :data:`PREFILL_TOKENS` tokens, each padded on the right to its own longest prompt
-  (no padding mask: the attention's causal kernel, and padding no real token attends to), and
-  the groups' KV caches stacked into the batch's (a CPU prefills 1.5x faster per token at that
-  size than over a whole batch of tool-use prompts);
-- **a prefix every prompt shares, prefilled once** (:data:`SHARED_PREFIX_TOKENS` tokens or more:
-  a column's chat template and instructions), its keys and values copied to every row;
+- **each shared prefix prefilled once**: the prompts of a batch as a tree of the prefixes they
+  share (:mod:`clbench.train.prefix_tree`; segments of :data:`SHARED_PREFIX_TOKENS` tokens or
+  more), each segment computed once on top of its ancestors' keys and values;
+- **prefills of a few thousand tokens**: a tree's segments of one depth are prefilled in groups
+  within :data:`PREFILL_TOKENS` tokens, each padded on the right to its own longest segment
+  (padding no real token attends to), then each prompt's path of segments stacked into the
+  batch's KV cache (a CPU prefills 1.5x faster per token at that size than over a whole batch
+  of tool-use prompts);
 - **ended rows leave the batch**: EOS, the row's own token cap, or a stop string in its newest
   tokens; the KV cache keeps only the live rows, and the loop ends when none is left;
 - **stop strings on the newest tokens only** (:class:`StopScanner`), not the whole completion
@@ -127,17 +128,23 @@ def row_ended(ids: list[int], row: int, plan: RowPlan) -> bool:
             or (plan.stops is not None and plan.stops.hit(ids)))
 
 
-#: Tokens (rows x padded prompt width) per prefill forward: a batch's prompts are prefilled in
-#: groups of consecutive rows within this many tokens, each group padded only to its own longest
-#: prompt, and their KV caches stacked into the batch's. On the embedded model a CPU prefills
-#: fastest at 4-5 thousand tokens a forward (3,600 tokens/s against ~2,400 for tool use's
-#: 17 x 637-token batches); large GPU engines chunk prefills at similar sizes.
+#: Tokens (rows x padded segment width) per prefill forward: the segments of a batch's prefix
+#: tree (:mod:`clbench.train.prefix_tree`) are prefilled in groups within this many tokens, each
+#: group padded only to its own longest segment. On the embedded model a CPU prefills fastest
+#: at 4-5 thousand tokens a forward (3,600 tokens/s against ~2,400 for tool use's 17 x 637-token
+#: batches); large GPU engines chunk prefills at similar sizes.
 PREFILL_TOKENS = 4096
 
+#: The shortest segment a prefill group takes, as a share of the group's longest: segments are
+#: padded to the longest, and padding costs what tokens cost. On the starter's tool-use column
+#: (this CPU, bf16) 0.9 prefilled in 25 s what 0.75 did in 28-32 s and 0.95 in 29 s.
+PREFILL_FILL = 0.9
 
-#: The fewest leading tokens common to every prompt of a batch that are prefilled once for all
-#: of them (a column's chat template and instructions: 87 tokens of math's 114); fewer are
-#: prefilled with each row, which costs less than the extra forward.
+
+#: The fewest tokens a segment shared by several prompts of a batch must have to be prefilled
+#: once for all of them (a node of the batch's prefix tree: a column's chat template and
+#: instructions, the functions several tool-use items list); a shorter one is prefilled with
+#: each branch below it, which costs less than a node of its own.
 SHARED_PREFIX_TOKENS = 32
 
 
@@ -146,10 +153,10 @@ def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
     """Next-token logits of every row after its prompt, the cache filled with every row's
     prompt, and the attention mask of that cache's columns (masked columns are padding, wherever
     they lie). Each distinct prompt is computed once and copied to the rows that repeat it.
-    Where the cache is preallocated, the leading tokens common to every prompt are computed once
-    (at least :data:`SHARED_PREFIX_TOKENS`) and the rest in groups of rows of at most
-    :data:`PREFILL_TOKENS` tokens (:func:`_prefill_in_groups`); otherwise the left-padded batch
-    goes through one forward under its padding mask."""
+    Where the cache is preallocated, the prefixes the prompts share are computed once, as a
+    tree (:func:`clbench.train.prefix_tree.prefill_tree`), and the cache keeps the batch's
+    left-padded layout; otherwise the left-padded batch goes through one forward under its
+    padding mask."""
     import torch
 
     first: dict[int, int] = {}  # prompt index -> its first row
@@ -159,14 +166,13 @@ def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
     if shared:
         distinct = torch.tensor(list(first.values()), device=input_ids.device)
         input_ids, attention = input_ids[distinct], attention[distinct]
-    lengths = attention.long().sum(-1).tolist()
     if preallocated(cache):
-        prefix = _shared_prefix(input_ids, lengths)
-        groups = row_batches([n - prefix for n in lengths], len(lengths), PREFILL_TOKENS)
-        logits, mask = _prefill_in_groups(model, input_ids, attention, groups, prefix, cache)
+        from clbench.train.prefix_tree import prefill_tree
+
+        logits, mask = prefill_tree(model, input_ids, attention, cache), attention
     else:
         positions = (attention.long().cumsum(-1) - 1).masked_fill(attention == 0, 0)
-        last = attention.new_full((len(lengths),), input_ids.shape[1] - 1)
+        last = attention.new_full((input_ids.shape[0],), input_ids.shape[1] - 1)
         logits, mask = forward_logits(model, input_ids, attention, positions, cache, at=last), \
             attention
     if shared:
@@ -175,23 +181,6 @@ def prefill(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
         cache.reorder_cache(copies)
         logits, mask = logits[copies], mask[copies]
     return logits, mask
-
-
-def _shared_prefix(input_ids: torch.Tensor, lengths: list[int]) -> int:
-    """How many leading prompt tokens every row of a left-padded batch shares (0 below
-    :data:`SHARED_PREFIX_TOKENS`, or for one row); every row keeps at least one token of its
-    own, whose logits are the prefill's."""
-    width = input_ids.shape[1]
-    limit = min(lengths) - 1
-    if len(lengths) < 2 or limit < SHARED_PREFIX_TOKENS:
-        return 0
-    starts = [width - n for n in lengths]
-    heads = [input_ids[i, start:start + limit] for i, start in enumerate(starts)]
-    same = heads[0].new_ones(limit, dtype=bool)
-    for head in heads[1:]:
-        same &= head == heads[0]
-    common = limit if bool(same.all()) else int((~same).nonzero()[0])
-    return common if common >= SHARED_PREFIX_TOKENS else 0
 
 
 def row_batches(lengths: Sequence[int], max_rows: int, token_budget: int | None = None
@@ -213,56 +202,6 @@ def row_batches(lengths: Sequence[int], max_rows: int, token_budget: int | None 
         batches.append((start, stop))
         start = stop
     return batches
-
-
-def _prefill_in_groups(model: Any, input_ids: torch.Tensor, attention: torch.Tensor,
-                       groups: list[tuple[int, int]], prefix: int, cache: Any
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The logits of each row and the mask of the cache's columns: the `prefix` tokens every row
-    shares computed once (one row), then each group's own tokens on top of a copy of them; every
-    group's keys and values stacked into `cache`, left-padded to the widest group (padding
-    masked). A row's columns: padding, the shared prefix, its own tokens, padding.
-
-    A group's own tokens are right-padded: causal attention never lets a token see the padding
-    after it, so the forward needs no padding mask, and without a shared prefix it runs
-    attention's causal kernel, which skips the blocks above the diagonal (on a CPU a group of
-    tool-use prompts prefilled 1.4x faster than left-padded under a mask). The padding's own
-    keys and values are computed and masked from then on."""
-    import torch
-    import torch.nn.functional as F
-
-    width = input_ids.shape[1]
-    lengths = attention.long().sum(-1)
-    shared = None
-    if prefix:
-        shared = attention_cache(model, capacity=prefix)
-        start = width - int(lengths[0])
-        ids = input_ids[:1, start:start + prefix]
-        whole = torch.ones_like(ids)
-        forward_logits(model, ids, whole, whole.cumsum(-1) - 1, shared,
-                       at=whole.new_full((1,), prefix - 1))
-    logits, parts, masks = [], [], []
-    for start, stop in groups:
-        rows, own = stop - start, lengths[start:stop] - prefix  # each row's tokens after it
-        longest = int(own.max())
-        step = torch.arange(longest, device=own.device)
-        # the row's own tokens from the left, then its last token again as padding
-        take = (width - own[:, None] + step).clamp(max=width - 1)
-        ids = input_ids[start:stop].gather(1, take)
-        part = attention_cache(model, capacity=prefix + longest)
-        if shared is not None:
-            for layer, first in zip(part.layers, shared.layers):
-                layer.stack([(first.keys.expand(rows, -1, -1, -1),
-                              first.values.expand(rows, -1, -1, -1))], prefix)
-        whole = attention.new_ones((rows, prefix + longest))
-        logits.append(forward_logits(model, ids, whole, (prefix + step).expand(rows, -1), part,
-                                     at=own - 1))
-        parts.append(part)
-        masks.append(torch.cat([whole[:, :prefix], (step < own[:, None]).to(whole.dtype)], 1))
-    widest = max(m.shape[1] for m in masks)
-    for i, layer in enumerate(cache.layers):
-        layer.stack([(part.layers[i].keys, part.layers[i].values) for part in parts], widest)
-    return torch.cat(logits), torch.cat([F.pad(m, (widest - m.shape[1], 0)) for m in masks])
 
 
 def forward_logits(model: Any, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
@@ -370,6 +309,17 @@ def _preallocate(cache: Any, capacity: int) -> None:
             layers[i] = _preallocated_layer()(capacity)
 
 
+def whole_buffers(layer: Any) -> tuple[Any, Any] | None:
+    """The whole key and value buffers (rows, heads, capacity, dim) of a preallocated cache
+    layer, None for any other layer. Their columns past the filled part hold zeros or keys and
+    values of rows cut back (finite either way), so attention over the whole buffers with those
+    columns masked is attention over the filled part: a matrix multiply reads the buffers
+    in place, where the filled part, a view with gaps between rows, would be copied first."""
+    if not isinstance(layer, _preallocated_layer()) or not layer.is_initialized:
+        return None
+    return layer.key_buffer, layer.value_buffer
+
+
 def preallocated(cache: Any) -> bool:
     """Whether every layer of `cache` writes into preallocated buffers (so the caches of groups
     of rows prefilled apart can be stacked into it)."""
@@ -382,7 +332,8 @@ def preallocated(cache: Any) -> bool:
 def _preallocated_layer() -> type:
     """A dynamic cache layer that writes new keys and values into buffers allocated once
     (grown by doubling if ever exceeded) and exposes the filled part as views; the same
-    values as a dynamic layer's, without its copy of the whole cache per token."""
+    values as a dynamic layer's, without its copy of the whole cache per token. The buffers
+    start as zeros, so the columns past the filled part are finite (:func:`whole_buffers`)."""
     from transformers.cache_utils import DynamicLayer
 
     class PreallocatedLayer(DynamicLayer):
@@ -396,8 +347,8 @@ def _preallocated_layer() -> type:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
                 shape = (*key_states.shape[:2], self.capacity, key_states.shape[-1])
-                self.key_buffer = key_states.new_empty(shape)
-                self.value_buffer = value_states.new_empty(
+                self.key_buffer = key_states.new_zeros(shape)
+                self.value_buffer = value_states.new_zeros(
                     (*shape[:3], value_states.shape[-1]))
             end = self.length + key_states.shape[-2]
             if end > self.key_buffer.shape[-2]:
@@ -415,13 +366,12 @@ def _preallocated_layer() -> type:
             rows = sum(k.shape[0] for k, _ in parts)
             self.lazy_initialization(keys, values)
             shape = (rows, keys.shape[1], max(self.capacity, width), keys.shape[-1])
-            self.key_buffer = keys.new_empty(shape)
-            self.value_buffer = values.new_empty((*shape[:3], values.shape[-1]))
+            self.key_buffer = keys.new_zeros(shape)
+            self.value_buffer = values.new_zeros((*shape[:3], values.shape[-1]))
             start = 0
             for k, v in parts:
                 stop, pad = start + k.shape[0], width - k.shape[-2]
                 for buffer, part in ((self.key_buffer, k), (self.value_buffer, v)):
-                    buffer[start:stop, :, :pad] = 0
                     buffer[start:stop, :, pad:width] = part
                 start = stop
             self.length = width
@@ -429,7 +379,7 @@ def _preallocated_layer() -> type:
 
         def _resize(self, capacity: int) -> None:
             def grown(buffer: Any) -> Any:
-                out = buffer.new_empty((*buffer.shape[:2], capacity, buffer.shape[-1]))
+                out = buffer.new_zeros((*buffer.shape[:2], capacity, buffer.shape[-1]))
                 out[:, :, :self.length] = buffer[:, :, :self.length]
                 return out
 

@@ -211,7 +211,7 @@ class HFGenerator(Generator):
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  batch_size: int = 16, engine: str = "loop", token_budget: int | None = None,
-                 greedy_weights: str = "master", drafts: int = 0) -> None:
+                 greedy_weights: str = "master", drafts: int = 0, fused: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if engine not in GENERATION_ENGINES:
@@ -237,6 +237,9 @@ class HFGenerator(Generator):
         #: prompt-lookup drafts scored with each new token in greedy decoding by the decode
         #: loop (:mod:`clbench.train.prompt_lookup`); 0: one token per forward
         self.drafts = drafts
+        #: the decode loop computes Llama-family models through their fused projections
+        #: (:mod:`clbench.train.fused_forward`; others keep transformers' forward)
+        self.fused = fused
 
     def eos_token_ids(self) -> set[int]:
         """Every id that ends a completion: the tokenizer's EOS and the model's configured ones."""
@@ -268,17 +271,32 @@ class HFGenerator(Generator):
                               self.batch_size, self.token_budget)
         try:
             with weights:
+                forward = self._forward_model(device_type)
                 for batch_no, (start, stop) in enumerate(batches):
                     out += self._generate_rows(prompt_ids, rows[start:stop], params, eos_ids,
-                                               batch_no)
+                                               batch_no, forward)
             return out
         finally:
             self.model.train(was_training)
 
+    def _forward_model(self, device_type: str) -> Any:
+        """What the decode loop calls for the call's forwards: the fused forward over the
+        weights as they are now (cast to an enclosing autocast's dtype, as autocast would
+        cast them), or the model itself."""
+        import torch
+
+        from clbench.train.fused_forward import fused_decoder
+
+        if not self.fused or self.engine != "loop":
+            return self.model
+        dtype = torch.get_autocast_dtype(device_type) \
+            if torch.is_autocast_enabled(device_type) else None
+        return fused_decoder(self.model, dtype) or self.model
+
     def _generate_rows(self, prompt_ids: Sequence[list[int]], chunk: list[tuple[int, int]],
-                       params: SamplingParams, eos_ids: set[int], batch_no: int
-                       ) -> list[Rollout]:
-        """One batch of (prompt, sample) rows."""
+                       params: SamplingParams, eos_ids: set[int], batch_no: int,
+                       forward: Any) -> list[Rollout]:
+        """One batch of (prompt, sample) rows; `forward`: the model the decode loop calls."""
         import torch
 
         sequences = [list(prompt_ids[p]) for p, _ in chunk]
@@ -288,7 +306,7 @@ class HFGenerator(Generator):
             torch.manual_seed(_batch_seed(params.seed, batch_no))
             entropy = [0.0] * len(chunk)
             generated = self._generate_batch(sequences, params, eos_ids, row_caps,
-                                             [p for p, _ in chunk], entropy)
+                                             [p for p, _ in chunk], entropy, forward)
         out: list[Rollout] = []
         for (p, s), ids, cap, h in zip(chunk, generated, row_caps, entropy):
             completion, text, finished = finish_completion(ids[:cap], self.tokenizer, eos_ids,
@@ -305,7 +323,7 @@ class HFGenerator(Generator):
 
     def _generate_batch(self, sequences: list[list[int]], params: SamplingParams,
                         eos_ids: set[int], row_caps: list[int], row_prompts: list[int],
-                        entropy: list[float]) -> list[list[int]]:
+                        entropy: list[float], forward: Any) -> list[list[int]]:
         """Generated ids per row, ending at the token that ended it (the caller trims at EOS
         and stop strings); `row_prompts`: each row's prompt index (a prompt's samples share
         it). The decode loop of :mod:`clbench.train.decoding` (which adds each row's summed
@@ -331,7 +349,7 @@ class HFGenerator(Generator):
                 if params.greedy and self.drafts:
                     return prompt_lookup.decode_with_drafts(self.model, input_ids, attention, plan,
                                                             cache, self.drafts, pad_id)
-                return decoding.decode(self.model, input_ids, attention, plan,
+                return decoding.decode(forward, input_ids, attention, plan,
                                        decoding.Sampling(params.temperature, params.top_p), cache,
                                        entropy=entropy)
             entropy[:] = [float("nan")] * len(entropy)

@@ -48,7 +48,10 @@ def _varied_tiny():
     return model, tok
 
 
-def test_greedy_tokens_are_model_generates_while_ended_rows_leave_the_batch():
+def test_greedy_tokens_are_model_generates_while_ended_rows_leave_the_batch(monkeypatch):
+    from clbench.train import decoding
+
+    monkeypatch.setattr(decoding, "PREFILL_FILL", 0.0)  # the six prompts in one prefill forward
     model, tok = _varied_tiny()
     prompt_ids = [encode_chat(tok, p) for p in PROMPTS]
     free = HFGenerator(model, tok, batch_size=6).generate(
@@ -181,6 +184,7 @@ def _prefilled(monkeypatch, model, ids, mask, rows, sampling, preallocate=True, 
     whole left-padded batch in one forward."""
     from clbench.train import decoding
 
+    settings.setdefault("PREFILL_FILL", 0.0)  # segments of any length share a prefill group
     for name, value in settings.items():
         monkeypatch.setattr(decoding, name, value)
     forwards = []
@@ -286,3 +290,43 @@ def test_a_prefix_every_prompt_shares_is_prefilled_once_with_the_same_logits_and
         assert _prefilled(monkeypatch, model, ids, mask, rows, sampled, SHARED_PREFIX_TOKENS=20,
                           **settings)[4] == _prefilled(monkeypatch, model, ids, mask, rows,
                                                        sampled, preallocate=False)[4]
+
+
+def test_prefixes_shared_by_some_prompts_are_prefilled_once_as_a_tree(monkeypatch) -> None:
+    """Prompts sharing nested prefixes (instructions; then, for some, the same listing): each
+    shared segment computed once on top of its ancestors' keys, every token once in all; the
+    logits, the cache (in the batch's left-padded layout) and the decoded tokens are those of
+    whole prompts (fp32)."""
+    from clbench.train.prefix_tree import prefix_tree
+
+    model, tok = _varied_tiny()
+    instructions = {"role": "system", "content": "Answer in one word, then stop. " * 2}
+    listings = ["tools: alpha beta gamma delta " * 2, "tools: omega sigma kappa " * 2]
+    prompts = [[instructions, {"role": "user", "content": listings[i % 2] + "q" * i}]
+               for i in range(5)] + [[{"role": "user", "content": "something else " * 4}]]
+    prompt_ids = sorted((encode_chat(tok, p) for p in prompts), key=len, reverse=True)
+    ids, mask = _left_padded(tok, prompt_ids)
+    tree = prefix_tree(prompt_ids, 20)
+    # the instructions and the prompt without them; each listing below the instructions; the
+    # five prompts' own tokens below their listing
+    assert [len([n for n in tree if n.depth == d]) for d in range(4)] == [2, 2, 5, 0]
+    assert sum(n.length for n in tree) < 0.6 * sum(map(len, prompt_ids))
+    rows = [0, 1, 2, 3, 3, 4, 5]
+    greedy, sampled = Sampling(0.0), Sampling(1.0, 0.9)
+    _, logits, keys, whole_mask, tokens = _prefilled(monkeypatch, model, ids, mask, rows,
+                                                     greedy, preallocate=False)
+    forwards, ours, our_keys, our_mask, our_tokens = _prefilled(
+        monkeypatch, model, ids, mask, rows, greedy, SHARED_PREFIX_TOKENS=20)
+    computed = sum(rows * width for (rows, width), _ in forwards)  # padding included
+    assert sum(n.length for n in tree) <= computed < 0.8 * sum(map(len, prompt_ids))
+    assert len(forwards) == 3  # one forward per depth of the tree
+    assert torch.equal(our_mask, whole_mask)  # the batch's own layout
+    torch.testing.assert_close(ours, logits)
+    for ours_row, theirs_row in zip(_kept_keys(our_keys, our_mask),
+                                    _kept_keys(keys, whole_mask)):
+        for ours_layer, theirs_layer in zip(ours_row, theirs_row):
+            torch.testing.assert_close(ours_layer, theirs_layer)
+    assert our_tokens == tokens
+    assert _prefilled(monkeypatch, model, ids, mask, rows, sampled, SHARED_PREFIX_TOKENS=20
+                      )[4] == _prefilled(monkeypatch, model, ids, mask, rows, sampled,
+                                         preallocate=False)[4]

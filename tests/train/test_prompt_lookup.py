@@ -43,6 +43,14 @@ def model_and_tokenizer():
     return model, tok
 
 
+@pytest.fixture(autouse=True)
+def one_prefill_forward_per_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's prompts prefilled in one forward, which :func:`_forwards` counts apart."""
+    from clbench.train import decoding
+
+    monkeypatch.setattr(decoding, "PREFILL_FILL", 0.0)
+
+
 def _forwards(model, run) -> tuple[list, int, int]:
     """What `run()` returns, the number of decoding forwards and of tokens they scored."""
     seen: list[int] = []

@@ -226,6 +226,7 @@ def test_samples_of_a_prompt_share_one_prefill_and_draw_what_separate_prefills_d
     from clbench.train import decoding
 
     model, tok = model_and_tokenizer
+    monkeypatch.setattr(decoding, "PREFILL_FILL", 0.0)  # a batch's prompts in one forward
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=12, seed=3)
     generator = HFGenerator(model, tok, batch_size=8)  # a batch holds 2 prompts x 4 samples
     prefills: list[int] = []
@@ -326,7 +327,11 @@ def test_row_batches_fill_a_token_budget_with_short_rows_and_keep_long_rows_few(
     assert row_batches([], max_rows=4, token_budget=300) == []
 
 
-def test_a_token_budget_changes_the_batches_not_the_greedy_tokens(model_and_tokenizer):
+def test_a_token_budget_changes_the_batches_not_the_greedy_tokens(model_and_tokenizer,
+                                                                 monkeypatch):
+    from clbench.train import decoding
+
+    monkeypatch.setattr(decoding, "PREFILL_FILL", 0.0)  # a batch's prompts in one forward
     model, tok = model_and_tokenizer
     calls: list[int] = []
     hook = model.register_forward_pre_hook(

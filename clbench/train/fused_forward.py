@@ -1,0 +1,262 @@
+"""A decoding forward for Llama-family models with their projections fused.
+
+The decode loop (:mod:`clbench.train.decoding`) runs one forward per new token. On a CPU a
+small model's decoding step is bound by the number of operations as much as by their
+arithmetic: transformers' forward builds a 4-D attention mask at every step and runs three
+query/key/value and two gate/up matrix multiplies per layer, each reading the same
+activations. :class:`FusedDecoder` computes the same layers over the same weights with the
+query, key and value projections as one matrix multiply and the gate and up projections as
+another (their weights concatenated once per generation call), and hands attention the 2-D
+padding mask as a boolean mask (none at all for a prefill with no past, where the causal
+kernel runs).
+
+Every other operation is the model's, in the same order and dtype, so under an enclosing
+autocast it computes what transformers computes under it (the fused weights are cast to the
+compute dtype when built, as autocast casts each weight): in fp32 the logits agree to float
+rounding (tests/train/test_fused_forward.py), in bf16 a near-tie may round the other way, as
+in any batch of another shape.
+
+It takes models whose layers are plain Llama decoder layers (:func:`fused_decoder` says which:
+Llama, Qwen2 and Mistral without a sliding window, SmolLM2 among them); others, models whose
+projections are wrapped (LoRA adapters, quantized layers) and models with forward hooks on
+their modules keep transformers' forward.
+It looks like a model to the decode loop: `config`, a KV cache of transformers' kind, and a
+forward that takes `input_ids`, `attention_mask`, `position_ids`, `cache` and
+`logits_to_keep` and returns an object with `.logits`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from clbench.train import decoding
+
+#: `config.model_type` of the families whose decoder layers this forward computes.
+FUSED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclass
+class _Layer:
+    """One decoder layer's fused weights and the norms' weights."""
+
+    qkv: Any
+    qkv_bias: Any
+    o: Any
+    o_bias: Any
+    gate_up: Any
+    down: Any
+    input_norm: Any
+    post_norm: Any
+
+
+def fused_decoder(model: Any, dtype: Any = None) -> FusedDecoder | None:
+    """A :class:`FusedDecoder` over `model`'s weights (cast to `dtype` when given: an
+    autocast's compute dtype), or None where this forward does not compute the model's layers
+    exactly: another architecture, a sliding window, a non-SiLU MLP, projections that are not
+    plain linear layers, or forward hooks on its modules (which this forward would not call)."""
+    import torch
+
+    config = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if config is None or getattr(config, "model_type", None) not in FUSED_MODEL_TYPES \
+            or inner is None or not hasattr(inner, "layers") \
+            or getattr(config, "hidden_act", None) != "silu" \
+            or (getattr(config, "sliding_window", None) and getattr(
+                config, "use_sliding_window", config.model_type == "mistral")) \
+            or any(kind != "full_attention" for kind in getattr(config, "layer_types", None)
+                   or ()) \
+            or getattr(config, "_attn_implementation", None) != "sdpa":
+        return None
+    linear = torch.nn.Linear
+    for layer in inner.layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or any(
+                type(getattr(attn, name, None)) is not linear
+                for name in ("q_proj", "k_proj", "v_proj", "o_proj")) or any(
+                type(getattr(mlp, name, None)) is not linear
+                for name in ("gate_proj", "up_proj", "down_proj")) \
+                or any(getattr(mlp, name).bias is not None for name in
+                       ("gate_proj", "up_proj", "down_proj")) \
+                or len({getattr(attn, name).bias is None
+                        for name in ("q_proj", "k_proj", "v_proj")}) > 1 \
+                or set(dict(layer.named_children())) != {
+                    "self_attn", "mlp", "input_layernorm", "post_attention_layernorm"} \
+                or set(dict(attn.named_children())) != {"q_proj", "k_proj", "v_proj", "o_proj"}:
+            return None
+    if type(getattr(model, "lm_head", None)) is not linear or model.lm_head.bias is not None:
+        return None
+    if _hooked(model):
+        return None
+    return FusedDecoder(model, dtype)
+
+
+def _hooked(model: Any) -> bool:
+    """Whether a forward hook is registered on any of the model's modules (or on every
+    module): whoever registered it expects the modules' forwards to run, which this forward
+    does not call."""
+    from torch.nn.modules import module as torch_module
+
+    if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
+        return True
+    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+class FusedDecoder:
+    """The forward of a Llama-family causal LM with fused projections (module docstring)."""
+
+    def __init__(self, model: Any, dtype: Any = None) -> None:
+        import torch
+
+        self.model, self.config = model, model.config
+        inner = model.model
+        first = inner.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.heads = self.config.num_attention_heads
+        self.kv_heads = self.config.num_key_value_heads
+        self.scaling = first.scaling
+
+        def cast(t: Any) -> Any:
+            return t if t is None or dtype is None else t.to(dtype)
+
+        def joined(*parts: Any) -> Any:
+            return None if parts[0] is None else cast(torch.cat(parts))
+
+        self.layers = []
+        with torch.no_grad():
+            for layer in inner.layers:
+                a, m = layer.self_attn, layer.mlp
+                self.layers.append(_Layer(
+                    qkv=joined(a.q_proj.weight, a.k_proj.weight, a.v_proj.weight),
+                    qkv_bias=joined(a.q_proj.bias, a.k_proj.bias, a.v_proj.bias),
+                    o=cast(a.o_proj.weight), o_bias=cast(a.o_proj.bias),
+                    gate_up=joined(m.gate_proj.weight, m.up_proj.weight),
+                    down=cast(m.down_proj.weight),
+                    input_norm=layer.input_layernorm, post_norm=layer.post_attention_layernorm))
+        self.split = (self.heads * self.head_dim, self.kv_heads * self.head_dim,
+                      self.kv_heads * self.head_dim)
+        self.intermediate = inner.layers[0].mlp.gate_proj.out_features
+        self.embed, self.norm, self.rotary = inner.embed_tokens, inner.norm, inner.rotary_emb
+        self.lm_head = cast(model.lm_head.weight)
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return True
+
+    @property
+    def device(self) -> Any:
+        return self.model.device
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.forward(**kwargs)
+
+    def forward(self, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any,
+                use_cache: bool = True, logits_to_keep: Any = None) -> Any:
+        """Logits of `input_ids` (rows x new tokens) after what `cache` holds; the cache gets
+        their keys and values. `attention_mask` covers the cache's columns and the new ones
+        (0: padding); `logits_to_keep`, positions of the new tokens whose logits are wanted."""
+        import torch
+        import torch.nn.functional as F
+
+        rows, new = input_ids.shape
+        hidden = self.embed(input_ids)
+        cos, sin = self.rotary(hidden, position_ids=position_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        past = cache.get_seq_length() if cache is not None else 0
+        mask = None
+        if past or not bool(attention_mask.all()):
+            # new token j of a row sees the cache's columns up to its own (past + j) that are
+            # not padding, and its own column always: a padding token that saw nothing would
+            # make NaNs, which reach real tokens through the zero weights of masked columns
+            columns = torch.arange(past + new, device=input_ids.device)[None, :]
+            own = past + torch.arange(new, device=input_ids.device)[:, None]
+            mask = (attention_mask[:, None, None, :].bool() & (columns <= own)) | (columns == own)
+        groups = self.heads // self.kv_heads
+        step_masks: dict[int, Any] = {}  # a decoding step's mask over whole cache buffers
+        for i, layer in enumerate(self.layers):
+            residual = hidden
+            x = layer.input_norm(hidden)
+            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split(self.split, dim=-1)
+            q = q.view(rows, new, self.heads, self.head_dim).transpose(1, 2)
+            k = k.view(rows, new, self.kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(rows, new, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
+            layer_mask = mask
+            if cache is not None:
+                k, v = cache.update(k, v, i)
+                if new == 1:
+                    k, v, layer_mask = _over_whole_buffers(cache.layers[i], k, v, mask,
+                                                           step_masks)
+            attended = _attention(q, k, v, layer_mask, self.scaling, groups)
+            hidden = residual + F.linear(attended, layer.o, layer.o_bias)
+            residual = hidden
+            gate, up = F.linear(layer.post_norm(hidden), layer.gate_up).split(
+                self.intermediate, dim=-1)
+            hidden = residual + F.linear(F.silu(gate) * up, layer.down)
+        hidden = self.norm(hidden)
+        if isinstance(logits_to_keep, int):  # transformers' meaning: the last n (0: all)
+            logits_to_keep = slice(-logits_to_keep, None) if logits_to_keep else None
+        if logits_to_keep is not None:
+            hidden = hidden[:, logits_to_keep]
+        return SimpleNamespace(logits=F.linear(hidden, self.lm_head))
+
+
+def _over_whole_buffers(layer: Any, k: Any, v: Any, mask: Any, masks: dict[int, Any]
+                        ) -> tuple[Any, Any, Any]:
+    """A decoding step's keys, values and mask over the layer's whole preallocated buffers
+    (:func:`clbench.train.decoding.whole_buffers`: read in place, the columns past the filled
+    part masked), or as they are for any other cache layer. `masks` keeps each buffer width's
+    mask for the step's other layers."""
+    import torch
+
+    whole = decoding.whole_buffers(layer)
+    if whole is None:
+        return k, v, mask
+    keys, values = whole
+    width, filled = keys.shape[-2], k.shape[-2]
+    if width not in masks:
+        padded = keys.new_zeros((k.shape[0], 1, 1, width), dtype=torch.bool)
+        padded[..., :filled] = True if mask is None else mask
+        masks[width] = padded
+    return keys, values, masks[width]
+
+
+def _rotated(x: Any, cos: Any, sin: Any) -> Any:
+    """Rotary embedding as transformers applies it (`x * cos + rotate_half(x) * sin`)."""
+    import torch
+
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def _attention(q: Any, k: Any, v: Any, mask: Any, scaling: float, groups: int) -> Any:
+    """Scaled dot-product attention of (rows, heads, new, dim) queries over (rows, kv heads,
+    columns, dim) keys and values, the output (rows, new, heads x dim).
+
+    One new token (a decoding step): two batched matrix multiplies with the softmax in fp32
+    between them, the queries of a key/value head packed as its rows so that keys and values are
+    not repeated, over the cache's whole buffers (:func:`_over_whole_buffers`); on a CPU this
+    reads a batch's cache in about half the time of the fused attention kernel, which is made
+    for long queries. Several (a prefill): that kernel, keys and values
+    repeated per query head, and its causal form where there is no mask."""
+    import torch
+    import torch.nn.functional as F
+
+    rows, heads, new, dim = q.shape
+    if new == 1:
+        kv_heads, columns = k.shape[1], k.shape[-2]
+        # (rows x kv heads) matrices: the buffers' rows and heads merge without a copy
+        scores = torch.bmm(q.reshape(rows * kv_heads, groups, dim),
+                           k.flatten(0, 1).transpose(1, 2)).float() * scaling
+        scores = scores.view(rows, kv_heads, groups, columns)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(v.dtype).flatten(0, 1)
+        out = torch.bmm(probs, v.flatten(0, 1))
+    else:
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
+                                             is_causal=mask is None and new > 1)
+    return out.reshape(rows, heads, new, dim).transpose(1, 2).reshape(rows, new, heads * dim)
