@@ -55,7 +55,8 @@ def fused_decoder(model: Any, dtype: Any = None) -> FusedDecoder | None:
     """A :class:`FusedDecoder` over `model`'s weights (cast to `dtype` when given: an
     autocast's compute dtype), or None where this forward does not compute the model's layers
     exactly: another architecture, a sliding window, a non-SiLU MLP, projections that are not
-    plain linear layers, or forward hooks on its modules (which this forward would not call)."""
+    plain linear layers, forward hooks on its modules (which this forward would not call), or
+    weights that are not plain tensors (sharded)."""
     import torch
 
     config = getattr(model, "config", None)
@@ -87,7 +88,8 @@ def fused_decoder(model: Any, dtype: Any = None) -> FusedDecoder | None:
             return None
     if type(getattr(model, "lm_head", None)) is not linear or model.lm_head.bias is not None:
         return None
-    if _hooked(model):
+    if _hooked(model) or any(type(p) is not torch.nn.Parameter or type(p.data) is not torch.Tensor
+                             for p in model.parameters()):  # hooks, or sharded weights
         return None
     return FusedDecoder(model, dtype)
 

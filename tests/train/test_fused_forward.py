@@ -16,6 +16,10 @@ from clbench.train.rollout import HFGenerator, SamplingParams
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
+# fp32, summed in another order (fused projections, bmm instead of SDPA): differences of about
+# 1e-5 on logits of order 1 were seen with the lowest supported torch
+FP32 = {"atol": 1e-4, "rtol": 1e-4}
+
 PROMPTS = [[{"role": "user", "content": f"prompt {i}: " + "xy" * (4 * i)}] for i in range(5)]
 
 
@@ -55,17 +59,17 @@ def test_logits_are_the_models_at_prefill_and_at_each_decoding_step(name: str) -
         theirs = decoding.forward_logits(model, input_ids, mask, positions, caches[0])
         ours = decoding.forward_logits(fused, input_ids, mask, positions, caches[1])
         real = mask.bool()
-        torch.testing.assert_close(ours[real], theirs[real], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ours[real], theirs[real], **FP32)
         for a, b in zip(caches[0].layers, caches[1].layers):
             torch.testing.assert_close(b.keys.transpose(1, 2)[real], a.keys.transpose(1, 2)[real],
-                                       atol=1e-5, rtol=1e-5)
+                                       **FP32)
         tokens, position = theirs[:, -1].argmax(-1, keepdim=True), positions[:, -1:]
         for _ in range(4):
             mask = torch.cat([mask, mask.new_ones((rows, 1))], 1)
             position = position + 1
             theirs = decoding.forward_logits(model, tokens, mask, position, caches[0])
             ours = decoding.forward_logits(fused, tokens, mask, position, caches[1])
-            torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(ours, theirs, **FP32)
             tokens = theirs[:, -1].argmax(-1, keepdim=True)
 
 
@@ -88,11 +92,11 @@ def test_a_prefill_through_the_prefix_tree_gives_the_models_logits(name: str) ->
     tree = prefix_tree([ids[m.bool()].tolist() for ids, m in zip(input_ids, mask)],
                        decoding.SHARED_PREFIX_TOKENS)
     assert len(tree) == 5 and tree[-1].depth == 1  # the shared prefix, then each prompt's own
-    torch.testing.assert_close(out["fused"][0], out["model"][0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out["fused"][0], out["model"][0], **FP32)
     assert torch.equal(out["fused"][1], out["model"][1])
     real = out["model"][1].bool()
     torch.testing.assert_close(out["fused"][2].transpose(1, 2)[real],
-                               out["model"][2].transpose(1, 2)[real], atol=1e-5, rtol=1e-5)
+                               out["model"][2].transpose(1, 2)[real], **FP32)
 
 
 def test_greedy_completions_through_the_generator_are_the_models() -> None:
@@ -139,6 +143,16 @@ def test_models_it_cannot_compute_exactly_keep_transformers_forward() -> None:
     hook = model.model.layers[0].mlp.register_forward_hook(lambda *_: None)
     assert fused_decoder(model) is None  # whoever hooked a module expects it to run
     hook.remove()
+    assert fused_decoder(model) is not None
+
+    class Sharded(torch.nn.Parameter):  # as FSDP2's DTensor parameters are not plain tensors
+        pass
+
+    mlp = model.model.layers[0].mlp
+    weight = mlp.up_proj.weight
+    mlp.up_proj.weight = Sharded(weight.detach().clone())
+    assert fused_decoder(model) is None  # its weights are not all here to concatenate
+    mlp.up_proj.weight = weight
     assert fused_decoder(model) is not None
     model.config._attn_implementation = "eager"
     assert fused_decoder(model) is None
