@@ -16,12 +16,14 @@ Names understood:
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.atomic import atomic_dir, file_lock, os_errors_of
+from clbench.progress import library_bars_off
 from clbench.spec.reading import SpecError
 from clbench.spec.schema import ModelSpec
 
@@ -206,11 +208,15 @@ def _load_pretrained(name_or_path: str, dtype: torch.dtype, revision: str | None
 
     local = Path(name_or_path).expanduser()
     source = str(local) if local.exists() else name_or_path
+    # a local folder loads in a second: its bar would only clutter a run's output; a download
+    # from the hub keeps its bars
+    quiet = library_bars_off() if local.exists() else contextlib.nullcontext()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, revision=revision,
-                                                  trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=dtype,
-                                                     trust_remote_code=trust_remote_code)
+        with quiet:
+            tokenizer = AutoTokenizer.from_pretrained(source, revision=revision,
+                                                      trust_remote_code=trust_remote_code)
+            model = AutoModelForCausalLM.from_pretrained(source, revision=revision, dtype=dtype,
+                                                         trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         where = "local folder" if local.exists() else "hub id (is the hub reachable?)"
         hint = ""

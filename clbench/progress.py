@@ -5,12 +5,15 @@ A run is often started where no one watches a terminal: a batch job whose output
 CPU run would print nothing for hours. :func:`run_progress` gives rich's `Progress` on a terminal
 and :class:`LineProgress` otherwise; both take the same calls (`add_task`, `advance`,
 `remove_task`), so the protocol and evaluation code do not care which one they hold.
+Libraries' own bars (transformers loading a local model's weights) are kept off a run's
+output with :func:`library_bars_off`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +28,22 @@ LINE_INTERVAL_S = 60.0
 def draws_live(console: Console) -> bool:
     """Whether live displays (bars, a sweep's table) are drawn: a terminal or a notebook."""
     return console.is_terminal or console.is_jupyter
+
+
+@contextlib.contextmanager
+def library_bars_off() -> Iterator[None]:
+    """transformers' (and the hub's) tqdm bars off within the block, as they were after it: a
+    run's own progress lines are what its output shows. Only for work that is quick and local
+    (a model loaded from a folder); a download from the hub keeps its bars."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def run_progress(console: Console, disable: bool = False) -> AnyProgress:

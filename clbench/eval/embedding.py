@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clbench.errors import UserError
+from clbench.progress import library_bars_off
 from clbench.tasks.base import Messages
 
 if TYPE_CHECKING:
@@ -51,17 +52,11 @@ def model_folder() -> Path:
 @functools.cache
 def _load() -> tuple[Any, Any]:
     from transformers import AutoModel, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     folder = model_folder()
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # a run's own progress display is on the terminal
-    try:
+    with library_bars_off():  # a run's own progress display is on the terminal
         tokenizer = AutoTokenizer.from_pretrained(folder)
         model = AutoModel.from_pretrained(folder).eval()
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
     return model, tokenizer
 
 

@@ -52,15 +52,21 @@ def test_char_tokenizer_round_trips_text_and_renders_chatml() -> None:
     assert tok.convert_ids_to_tokens(tok.eos_token_id) == "<|im_end|>"
 
 
-def test_local_folder_loads_with_the_saved_weights(tmp_path: Path) -> None:
+def test_local_folder_loads_with_the_saved_weights(tmp_path: Path, capfd) -> None:
+    from transformers.utils import logging as hf_logging
+
     model, tok = load_model("tiny-qwen2", device="cpu", seed=7)
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
+    capfd.readouterr()
     again, tok2 = load_model(ModelSpec(name=str(tmp_path), dtype="float32"), device="cpu")
     saved, loaded = model.state_dict(), again.state_dict()
     assert list(loaded) == list(saved)
     assert all(torch.equal(saved[k], loaded[k]) for k in saved)
     assert tok2.padding_side == "left"
+    # transformers' loading bar stays off a run's output, and on for whoever uses it after
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
 
 
 def test_dtype_override_and_spec_precision(tmp_path: Path) -> None:
