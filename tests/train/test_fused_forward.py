@@ -108,6 +108,16 @@ def test_greedy_completions_through_the_generator_are_the_models() -> None:
     assert len({len(r.completion_ids) for r in ours} | {r.text for r in ours}) > 2  # varied
 
 
+def test_sampled_rollouts_through_the_generator_are_the_models() -> None:
+    """The same seeded draws from the same distribution: in fp32 the same tokens."""
+    model, tok = _varied("tiny-llama")
+    params = SamplingParams(n=3, temperature=1.0, top_p=0.9, max_new_tokens=12, seed=5)
+    ours = HFGenerator(model, tok, batch_size=15, fused=True).generate(PROMPTS, params)
+    theirs = HFGenerator(model, tok, batch_size=15, fused=False).generate(PROMPTS, params)
+    assert [r.completion_ids for r in ours] == [r.completion_ids for r in theirs]
+    assert len({tuple(r.completion_ids) for r in ours}) > 5  # varied draws, not one answer
+
+
 def test_under_autocast_it_computes_in_the_dtypes_transformers_does() -> None:
     """bf16 matrix multiplies over weights cast once, fp32 residual stream and keys (rotary
     in the residual's dtype), as transformers' layers give under the same autocast."""
