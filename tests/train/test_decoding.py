@@ -208,6 +208,16 @@ def _prefilled(monkeypatch, model, ids, mask, rows, sampling, preallocate=True, 
     return prefills, logits, keys, cache_mask, tokens
 
 
+def _assert_same_prefill(ours: tuple, theirs: tuple) -> None:
+    """(logits, keys, cache mask) of two prefills: the same logits and, row by row and layer
+    by layer, the same keys in the columns each mask keeps."""
+    (our_logits, our_keys, our_mask), (logits, keys, mask) = ours, theirs
+    torch.testing.assert_close(our_logits, logits)
+    for ours_row, theirs_row in zip(_kept_keys(our_keys, our_mask), _kept_keys(keys, mask)):
+        for ours_layer, theirs_layer in zip(ours_row, theirs_row):
+            torch.testing.assert_close(ours_layer, theirs_layer)
+
+
 def _kept_keys(keys, cache_mask):
     """Each row's keys at its unmasked columns, in order: a cache's content whatever its layout."""
     return [[layer[row][:, keep.bool()] for layer in keys] for row, keep in enumerate(cache_mask)]
@@ -243,11 +253,7 @@ def test_prefill_in_groups_of_rows_fills_the_cache_a_single_forward_fills(monkey
         for row, row_mask in zip(rows, our_mask.tolist()):
             start = row_mask.index(1)
             assert row_mask[start:start + len(prompt_ids[row])] == [1] * len(prompt_ids[row])
-        torch.testing.assert_close(our_logits, logits)
-        for ours_row, theirs_row in zip(_kept_keys(our_keys, our_mask),
-                                        _kept_keys(keys, whole_mask)):
-            for ours_layer, theirs_layer in zip(ours_row, theirs_row):
-                torch.testing.assert_close(ours_layer, theirs_layer)
+        _assert_same_prefill((our_logits, our_keys, our_mask), (logits, keys, whole_mask))
         assert our_tokens == tokens
     assert _prefilled(monkeypatch, model, ids, mask, rows, sampled, PREFILL_TOKENS=2 * width,
                       **apart)[4] == _prefilled(monkeypatch, model, ids, mask, rows, sampled,
@@ -321,11 +327,7 @@ def test_prefixes_shared_by_some_prompts_are_prefilled_once_as_a_tree(monkeypatc
     assert sum(n.length for n in tree) <= computed < 0.8 * sum(map(len, prompt_ids))
     assert len(forwards) == 3  # one forward per depth of the tree
     assert torch.equal(our_mask, whole_mask)  # the batch's own layout
-    torch.testing.assert_close(ours, logits)
-    for ours_row, theirs_row in zip(_kept_keys(our_keys, our_mask),
-                                    _kept_keys(keys, whole_mask)):
-        for ours_layer, theirs_layer in zip(ours_row, theirs_row):
-            torch.testing.assert_close(ours_layer, theirs_layer)
+    _assert_same_prefill((ours, our_keys, our_mask), (logits, keys, whole_mask))
     assert our_tokens == tokens
     assert _prefilled(monkeypatch, model, ids, mask, rows, sampled, SHARED_PREFIX_TOKENS=20
                       )[4] == _prefilled(monkeypatch, model, ids, mask, rows, sampled,
