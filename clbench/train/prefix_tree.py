@@ -84,7 +84,7 @@ def prefix_tree(prompts: Sequence[Sequence[int]], min_shared: int) -> list[Node]
             stop += 1
         ended = [r for r in rows if len(prompts[r]) == stop]  # one prompt, maybe repeated
         rest = [r for r in rows if len(prompts[r]) > stop]
-        if stop - start >= min_shared:
+        if stop > start and stop - start >= min_shared:  # never an empty node
             parent = add(rows[0], start, stop, parent, ended)
             start = stop
         else:  # too short to be computed apart: each branch (each repeat) starts with it
