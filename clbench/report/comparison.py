@@ -76,7 +76,10 @@ def recorded_settings(result: RunResult) -> Any:
     if not isinstance(config, dict):
         return config
     adapter = (result.model.spec or {}).get("adapter") or {}
-    trained = {"model.adapter": adapter} if adapter.get("kind", "none") != "none" else {}
+    # a value that is not a mapping is not one clbench writes: kept as read, so that the run
+    # stands apart rather than beside runs that trained the whole model
+    trained = {"model.adapter": adapter} \
+        if not isinstance(adapter, dict) or adapter.get("kind", "none") != "none" else {}
     return {**config, **trained, **{f"{a.name}.{k}": v for a in result.addons
                                     for k, v in {**(a.defaults or {}), **a.config}.items()}}
 

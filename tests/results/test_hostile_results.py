@@ -269,3 +269,14 @@ def test_a_results_file_with_any_value_replaced_is_read_or_refused_never_a_trace
         assert result.exit_code in (0, 2), (args, result.output, result.exception)
         assert result.exception is None or isinstance(result.exception, SystemExit), \
             (args, repr(result.exception))
+
+
+@pytest.mark.parametrize("adapter", [1, "lora", [1, 2], None, {"kind": "none"}])
+def test_a_recorded_adapter_of_any_shape_is_reported_not_a_traceback(
+        adapter: Any, valid_results: dict[str, Any], tmp_path: Path) -> None:
+    """Found by the property test above: `model.spec.adapter` replaced by a number."""
+    results = json.loads(json.dumps(valid_results))
+    results["model"]["spec"]["adapter"] = adapter
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    result = CliRunner().invoke(cli, ["report", str(tmp_path), "--json"])
+    assert result.exit_code == 0, (result.output, result.exception)
