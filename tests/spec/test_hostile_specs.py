@@ -155,7 +155,9 @@ def _check_any(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
     started = time.perf_counter()
     result = CliRunner().invoke(cli, ["validate", str(path)])
-    assert time.perf_counter() - started < 5.0
+    # bounded, not fast: a size past a task's item space is refused after ~1-3 s of draws
+    # (5,000 misses in a row), and a loaded 2-core machine once took 9.7 s for it
+    assert time.perf_counter() - started < 30.0
     assert result.exit_code in (0, 2), result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), \
         repr(result.exception)
