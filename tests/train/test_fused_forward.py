@@ -139,8 +139,8 @@ def test_models_it_cannot_compute_exactly_keep_transformers_forward() -> None:
     model, _ = tiny("tiny-llama")
     assert fused_decoder(model) is not None
 
-    class Wrapped(torch.nn.Linear):  # as an adapter or a quantized layer wraps a projection
-        pass
+    class Wrapped(torch.nn.Linear):
+        """A projection of another type, as an adapter or a quantized layer wraps one."""
 
     layer = model.model.layers[1].self_attn
     original = layer.v_proj
@@ -155,8 +155,8 @@ def test_models_it_cannot_compute_exactly_keep_transformers_forward() -> None:
     hook.remove()
     assert fused_decoder(model) is not None
 
-    class Sharded(torch.nn.Parameter):  # as FSDP2's DTensor parameters are not plain tensors
-        pass
+    class Sharded(torch.nn.Parameter):
+        """A parameter of another type, as FSDP2's DTensor parameters are not plain tensors."""
 
     mlp = model.model.layers[0].mlp
     weight = mlp.up_proj.weight
