@@ -91,10 +91,9 @@ def prefill_seconds(model: Any, tokenizer: Any, batches: list[list[list[int]]], 
     import torch
 
     from clbench.train import decoding
-    from clbench.train.fused_forward import fused_decoder
+    from clbench.train.fused_forward import decoding_forward
 
-    forward = fused_decoder(model, torch.get_autocast_dtype(dist.device.type)
-                            if torch.is_autocast_enabled(dist.device.type) else None) or model
+    forward = decoding_forward(model, dist.device.type)
     pad, seconds = tokenizer.pad_token_id, 0.0
     for batch in batches:
         width = max(map(len, batch))

@@ -97,6 +97,17 @@ def fused_decoder(model: Any, dtype: Any = None) -> FusedDecoder | None:
     return FusedDecoder(model, dtype)
 
 
+def decoding_forward(model: Any, device_type: str) -> Any:
+    """What the decode loop calls for its forwards now: the fused forward over `model`'s
+    weights as they are (cast to an enclosing autocast's dtype, as autocast would cast them),
+    or `model` itself where :func:`fused_decoder` does not apply."""
+    import torch
+
+    dtype = torch.get_autocast_dtype(device_type) \
+        if torch.is_autocast_enabled(device_type) else None
+    return fused_decoder(model, dtype) or model
+
+
 def _hooked(model: Any) -> bool:
     """Whether a forward hook is registered on any of the model's modules (or on every
     module): whoever registered it expects the modules' forwards to run, which this forward

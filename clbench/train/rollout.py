@@ -283,15 +283,11 @@ class HFGenerator(Generator):
         """What the decode loop calls for the call's forwards: the fused forward over the
         weights as they are now (cast to an enclosing autocast's dtype, as autocast would
         cast them), or the model itself."""
-        import torch
-
-        from clbench.train.fused_forward import fused_decoder
+        from clbench.train.fused_forward import decoding_forward
 
         if not self.fused or self.engine != "loop":
             return self.model
-        dtype = torch.get_autocast_dtype(device_type) \
-            if torch.is_autocast_enabled(device_type) else None
-        return fused_decoder(self.model, dtype) or self.model
+        return decoding_forward(self.model, device_type)
 
     def _generate_rows(self, prompt_ids: Sequence[list[int]], chunk: list[tuple[int, int]],
                        params: SamplingParams, eos_ids: set[int], batch_no: int,
