@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from clbench.cli import cli
 from clbench.spec.reading import MAX_SPEC_BYTES, SpecError
+from clbench.spec.schema import MAX_ITEMS
 from clbench.spec.suites import load_suite, resolve_suite
 
 LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
@@ -151,13 +152,40 @@ def _mutated_starter(data: st.DataObject) -> str:
     return yaml.safe_dump(suite)
 
 
+def _largest_count(text: str) -> int:
+    """The largest integer in a document that a size field would accept (0 if none)."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return 0
+    nodes, largest = [document], 0
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, dict):
+            nodes.extend(node.values())
+        elif isinstance(node, list):
+            nodes.extend(node)
+        elif isinstance(node, int) and not isinstance(node, bool) and node <= MAX_ITEMS:
+            largest = max(largest, node)
+    return largest
+
+
+def _time_bound(text: str) -> float:
+    """Seconds `validate` may take: bounded by the work the document asks for, not fast.
+
+    Validation draws every column's items to check the sizes fit; a size past a task's item
+    space is refused after 5,000 misses in a row (1-3 s, once 9.7 s on a loaded 2-core machine),
+    and a size near the item space of the tool-use tasks draws ~1 ms an item per column
+    (`protocol.eval_size: 39407` on the starter: 49 s).
+    """
+    return 30.0 + 3e-3 * _largest_count(text)
+
+
 def _check_any(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
     started = time.perf_counter()
     result = CliRunner().invoke(cli, ["validate", str(path)])
-    # bounded, not fast: a size past a task's item space is refused after ~1-3 s of draws
-    # (5,000 misses in a row), and a loaded 2-core machine once took 9.7 s for it
-    assert time.perf_counter() - started < 30.0
+    assert time.perf_counter() - started < _time_bound(text)
     assert result.exit_code in (0, 2), result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), \
         repr(result.exception)
