@@ -27,10 +27,13 @@ with each batch prefilled in groups of rows within `decoding.PREFILL_TOKENS` tok
 prefill forward per batch. `--compare prefix`: a run's evaluation with the leading tokens common
 to a batch's prompts prefilled once (`decoding.SHARED_PREFIX_TOKENS`) against with every row.
 `--compare forward`: a run's evaluation and one step's rollouts through the fused decoding
-forward (`clbench.train.fused_forward`) against transformers' forward. `--compare batch`: a
-run's evaluation in CPU batches of `--tokens` tokens and at most `--growth` times the
-protocol's batch size (`clbench.spec.schema.CPU_BATCH_TOKENS`, `AUTO_BATCH_GROWTH`)
-against the library's own.
+forward (`clbench.train.fused_forward`) against transformers' forward. `--compare keys`: one
+step's rollouts of each stage named in `--columns` (sampled under autocast from the fp32
+weights) with the fused forward's queries and keys cast to bf16 once
+(`fused_forward.CAST_KEYS_ONCE`) against fp32 keys that autocast casts at every attention
+call. `--compare batch`: a run's evaluation in CPU batches of `--tokens` tokens and at most
+`--growth` times the protocol's batch size (`clbench.spec.schema.CPU_BATCH_TOKENS`,
+`AUTO_BATCH_GROWTH`) against the library's own.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare settings --n 100 --repeats 1 \
@@ -41,6 +44,7 @@ against the library's own.
     python benchmarks/generation.py starter --compare loop --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare engine --device cuda --n 100
     python benchmarks/generation.py starter --compare forward --columns math,tool_use --n 64
+    python benchmarks/generation.py starter --compare keys --columns math,science,tool_use
 
 Prints seconds for each way (median [min-max] of the repeats), the ratio, and how many
 completions are identical.
@@ -64,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
     ap.add_argument("--compare", default="cast",
                     choices=("cast", "loop", "engine", "settings", "drafts", "prefill",
-                             "prefix", "batch", "forward"),
+                             "prefix", "batch", "forward", "keys"),
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
                          "model.generate in evaluation and rollouts; engine: the decode loop "
                          "against the static-cache engine, the same jobs; settings: evaluation "
@@ -76,7 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "against with every row; batch: evaluation in CPU batches of --tokens "
                          "tokens against the library's batches; forward: evaluation and "
                          "rollouts with the fused decoding forward against transformers' "
-                         "forward")
+                         "forward; keys: rollouts with the fused forward's keys cast to bf16 "
+                         "once against cast at every attention call")
     ap.add_argument("--drafts", type=int, default=4, help="drafts per step for --compare drafts")
     ap.add_argument("--tokens", type=int, default=24_576,
                     help="tokens per CPU evaluation batch for --compare batch")
@@ -96,14 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     suite, dist, model, tokenizer = suite_model(args)
-    if args.compare == "cast" and not dist.precision.mixed:
+    if args.compare in ("cast", "keys") and not dist.precision.mixed:
         print(f"{suite.model.name} runs in {dist.precision.label} here (no autocast): no casts "
               "to compare", file=sys.stderr)
         return 1
     compare = {"cast": compare_cast, "loop": compare_loop, "engine": compare_engine,
                "settings": compare_settings, "drafts": compare_drafts,
                "prefill": compare_prefill, "prefix": compare_prefix,
-               "batch": compare_batch, "forward": compare_forward}[args.compare]
+               "batch": compare_batch, "forward": compare_forward,
+               "keys": compare_keys}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -191,15 +197,35 @@ def compare_forward(suite: Any, model: Any, tokenizer: Any, args: argparse.Names
     """Greedy evaluation of each column under the suite's settings, and one step's rollouts of
     each stage named in `--columns`, through the fused decoding forward / transformers'."""
     from clbench.train import fused_forward
-    from clbench.train.rollout import HFGenerator
 
     fused, theirs = swapped(fused_forward, "FUSED_MODEL_TYPES", ())
     _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
+    return {"fused forward": fused, "transformers' forward": theirs}, \
+        jobs + rollout_jobs(suite, model, tokenizer, args)
+
+
+def compare_keys(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                 ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """One step's rollouts of each stage named in `--columns`, queries and keys cast to the
+    compute dtype once / fp32 keys cast by autocast at every attention call."""
+    from clbench.train import fused_forward
+
+    once, every_call = swapped(fused_forward, "CAST_KEYS_ONCE", False)
+    return {"keys cast once": once, "keys cast at every call": every_call}, \
+        rollout_jobs(suite, model, tokenizer, args)
+
+
+def rollout_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                 ) -> list[tuple[str, Any]]:
+    """One step's rollouts of each stage named in `--columns`, as training samples them."""
+    from clbench.train.rollout import HFGenerator
+
+    jobs = []
     for name, prompts, params in rollout_inputs(suite, args):
         generator = HFGenerator(model, tokenizer, batch_size=len(prompts) * params.n)
         jobs.append((name, lambda prompts=prompts, params=params, generator=generator:
                      [r.text for r in generator.generate(prompts, params)]))
-    return {"fused forward": fused, "transformers' forward": theirs}, jobs
+    return jobs
 
 
 def settings_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace,

@@ -39,6 +39,13 @@ from clbench.train import decoding
 #: `config.model_type` of the families whose decoder layers this forward computes.
 FUSED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
+#: Under autocast, cast queries and keys to the compute dtype once, after the rotary embedding
+#: (the residual's dtype, fp32), so that the cache holds the keys as attention reads them:
+#: autocast would cast them at every attention call, a decoding step re-casting every layer's
+#: whole cache. The same values (tests/train/test_fused_forward.py); a speed constant
+#: (`benchmarks/generation.py --compare keys`).
+CAST_KEYS_ONCE = True
+
 
 @dataclass
 class _Layer:
@@ -126,6 +133,7 @@ class FusedDecoder:
         import torch
 
         self.model, self.config = model, model.config
+        self.attention_dtype = dtype if CAST_KEYS_ONCE else None
         inner = model.model
         first = inner.layers[0].self_attn
         self.head_dim = first.head_dim
@@ -198,6 +206,8 @@ class FusedDecoder:
             k = k.view(rows, new, self.kv_heads, self.head_dim).transpose(1, 2)
             v = v.view(rows, new, self.kv_heads, self.head_dim).transpose(1, 2)
             q, k = _rotated(q, cos, sin), _rotated(k, cos, sin)
+            if self.attention_dtype is not None:  # CAST_KEYS_ONCE
+                q, k = q.to(self.attention_dtype), k.to(self.attention_dtype)
             layer_mask = mask
             if cache is not None:
                 k, v = cache.update(k, v, i)

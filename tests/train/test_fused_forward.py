@@ -9,7 +9,7 @@ import pytest
 import torch
 from toy import tiny
 
-from clbench.train import decoding
+from clbench.train import decoding, fused_forward
 from clbench.train.fused_forward import fused_decoder
 from clbench.train.prefix_tree import prefix_tree
 from clbench.train.rollout import HFGenerator, SamplingParams
@@ -119,8 +119,10 @@ def test_sampled_rollouts_through_the_generator_are_the_models() -> None:
 
 
 def test_under_autocast_it_computes_in_the_dtypes_transformers_does() -> None:
-    """bf16 matrix multiplies over weights cast once, fp32 residual stream and keys (rotary
-    in the residual's dtype), as transformers' layers give under the same autocast."""
+    """bf16 matrix multiplies over weights cast once, the residual stream in fp32, as
+    transformers' layers give under the same autocast; the cache holds the keys as attention
+    reads them under autocast (bf16), where transformers keeps them in fp32 and casts them at
+    every step."""
     model, tok = _varied("tiny-llama")
     input_ids, mask = _left_padded(tok, PROMPTS[:2])
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -130,9 +132,39 @@ def test_under_autocast_it_computes_in_the_dtypes_transformers_does() -> None:
         assert fused is not None and fused.layers[0].qkv.dtype == torch.bfloat16
         theirs = decoding.forward_logits(model, input_ids, mask, positions, caches[0])
         ours = decoding.forward_logits(fused, input_ids, mask, positions, caches[1])
-    assert caches[1].layers[0].keys.dtype == caches[0].layers[0].keys.dtype == torch.float32
+    assert caches[0].layers[0].keys.dtype == torch.float32
+    assert caches[1].layers[0].keys.dtype == caches[1].layers[0].values.dtype == torch.bfloat16
     real = mask.bool()
     assert (ours[real] - theirs[real]).abs().max() < 0.05 * theirs[real].abs().max()
+
+
+def test_under_autocast_keys_cast_once_change_no_value(monkeypatch) -> None:
+    """Queries and keys cast to the compute dtype once, before attention, give exactly what
+    autocast gives casting fp32 ones at every attention call: the same logits, bit for bit, at
+    the prefill and at every decoding step."""
+    model, tok = _varied("tiny-llama")
+    input_ids, mask = _left_padded(tok, PROMPTS)
+    rows, width = input_ids.shape
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    steps = []
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for cast_once in (True, False):
+            monkeypatch.setattr(fused_forward, "CAST_KEYS_ONCE", cast_once)
+            fused = fused_decoder(model, torch.bfloat16)
+            cache = decoding.attention_cache(model, capacity=width + 6)
+            logits = [decoding.forward_logits(fused, input_ids, mask, positions, cache)]
+            step_mask, position = mask, positions[:, -1:]
+            tokens = logits[0][:, -1].argmax(-1, keepdim=True)
+            for _ in range(5):
+                step_mask = torch.cat([step_mask, step_mask.new_ones((rows, 1))], 1)
+                position = position + 1
+                logits.append(decoding.forward_logits(fused, tokens, step_mask, position, cache))
+                tokens = logits[-1][:, -1].argmax(-1, keepdim=True)
+            steps.append((logits, cache.layers[0].keys.dtype))
+    (cast, cast_dtype), (before, before_dtype) = steps
+    assert (cast_dtype, before_dtype) == (torch.bfloat16, torch.float32)
+    assert all(torch.equal(a, b) for a, b in zip(cast, before))
+    assert len({tuple(t[:, -1].argmax(-1).tolist()) for t in cast}) > 1  # varied steps
 
 
 def test_models_it_cannot_compute_exactly_keep_transformers_forward() -> None:
