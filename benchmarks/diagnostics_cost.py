@@ -85,7 +85,7 @@ def row_parts(run_dir: Path, weights: Path, suite: object, dist: object, model: 
     from clbench.results import read_results
     from clbench.run.diagnostics import row_artifacts, row_collapse
     from clbench.run.distance import PromptDistance
-    from clbench.run.response_drift import response_drift
+    from clbench.run.response_drift import BaseScores, response_drift
     from clbench.run.rows import plan_columns
     from clbench.spec.schema import RunSpec
 
@@ -96,6 +96,7 @@ def row_parts(run_dir: Path, weights: Path, suite: object, dist: object, model: 
     plans, stage_tasks = plan_columns(run)
     ctx = SimpleNamespace(run_dir=run_dir, model=model, tokenizer=tokenizer, plans=plans)
     distance = PromptDistance(plans, spec.distance)
+    kept = BaseScores()  # the base side, kept from row to row as in a run
     parts = []
     for row in range(1, len(result.matrix)):
         started = time.perf_counter()
@@ -104,7 +105,7 @@ def row_parts(run_dir: Path, weights: Path, suite: object, dist: object, model: 
         parts.append((f"artifacts and collapse of row {row}", time.perf_counter() - started))
         started = time.perf_counter()
         with dist.autocast():  # type: ignore[attr-defined]
-            drift = response_drift(ctx, row, weights, spec.response_drift)
+            drift = response_drift(ctx, row, weights, spec.response_drift, kept)
         prompts = sum(c["prompts"] for c in drift["columns"].values())
         parts.append((f"response drift of row {row} ({prompts} prompts, KL "
                       f"{drift.get('kl', float('nan')):.3g})", time.perf_counter() - started))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ from clbench.metrics.drift import (
     weight_matrices,
 )
 from clbench.run.distance import PromptDistance
-from clbench.run.response_drift import response_drift
+from clbench.run.response_drift import BaseScores, response_drift
 from clbench.run.rundir import STUDENT_WEIGHTS
 
 if TYPE_CHECKING:
@@ -211,10 +212,19 @@ def rollout_diagnostics(steps: Sequence[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+@dataclass
+class RowMeasures:
+    """What the diagnostics of a run's rows keep from one row to the next: the prompt
+    distance (its embeddings of the columns' prompts; None when it is off) and the response
+    drift's base-model scores."""
+
+    distance: PromptDistance | None
+    base_scores: BaseScores = field(default_factory=BaseScores)
+
+
 def row_diagnostics(ctx: RunContext, stage: int, result: RunResult, found: dict[str, Any],
                     seconds: dict[str, float], train_examples: Sequence[Example] | None,
-                    distance: PromptDistance | None, steps: Sequence[dict[str, Any]]
-                    ) -> list[str]:
+                    measures: RowMeasures, steps: Sequence[dict[str, Any]]) -> list[str]:
     """Everything measured once the row after `stage` is evaluated (the last of
     `result.matrix`), added to `found` (the seconds each took to `seconds`); the reasons the row
     counts as collapsed (empty: it does not)."""
@@ -231,8 +241,9 @@ def row_diagnostics(ctx: RunContext, stage: int, result: RunResult, found: dict[
     if spec.response_drift.enabled:
         started = time.perf_counter()
         found["response_drift"] = response_drift(ctx, stage, base_weights_path(ctx.run_dir),
-                                                 spec.response_drift)
+                                                 spec.response_drift, measures.base_scores)
         seconds["response_drift"] = time.perf_counter() - started
+    distance = measures.distance
     if distance is not None:
         started = time.perf_counter()
         measured = distance.after_stage(stage, train_examples, result)

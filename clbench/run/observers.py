@@ -25,7 +25,12 @@ from clbench.results import (
     peak_memory_bytes,
     write_results,
 )
-from clbench.run.diagnostics import WeightDrift, keep_base_weights, row_diagnostics
+from clbench.run.diagnostics import (
+    RowMeasures,
+    WeightDrift,
+    keep_base_weights,
+    row_diagnostics,
+)
 from clbench.run.distance import PromptDistance
 
 if TYPE_CHECKING:
@@ -72,8 +77,8 @@ class RowDiagnostics(StageObserver):
 
     def __init__(self, recipe: RunRecipe) -> None:
         spec = recipe.diagnostics.distance
-        self.distance = PromptDistance(recipe.items.plans, spec) \
-            if spec.enabled and recipe.dist.is_main else None
+        self.measures = RowMeasures(PromptDistance(recipe.items.plans, spec)
+                                    if spec.enabled and recipe.dist.is_main else None)
 
     def after_row(self, recipe: RunRecipe, row: int, record: StageRecord | None,
                   report: StageReport | None) -> None:
@@ -83,7 +88,7 @@ class RowDiagnostics(StageObserver):
         seconds: dict[str, float] = {}
         collapsed = dist.broadcast(row_diagnostics(
             recipe.context, row, result, record.diagnostics, seconds,
-            recipe.items.train_sets[row - 1], self.distance, report.steps)
+            recipe.items.train_sets[row - 1], self.measures, report.steps)
             if dist.is_main else None)
         record.wall_time.update(seconds)
         if collapsed and recipe.diagnostics.collapse.stop:

@@ -80,6 +80,38 @@ def test_a_changed_model_drifts_by_the_kl_and_edit_similarity_computed_by_hand(
                                                       + 1.0) / 2)
 
 
+def test_the_base_side_is_kept_from_one_stage_to_the_next(tmp_path: Path, monkeypatch) -> None:
+    """Later stages score only the current model: the same KL, bit for bit, as scoring the
+    base model again, and no base model built; past the memory limit it is scored again."""
+    from clbench.run import response_drift as module
+
+    model, tok = tiny("tiny-llama", seed=2)
+    keep_base_weights(tmp_path, model)
+    examples = FakeAddition().examples("eval", 0, 6)
+    _records(tmp_path, 0, examples, [f"{i} + 1 = {i + 1}" for i in range(6)])
+    copies = []
+    monkeypatch.setattr(module, "base_model_copy",
+                        lambda *a: copies.append(1) or base_model_copy(*a))
+    ctx, spec, weights = _context(tmp_path, model, tok, examples), ResponseDriftSpec(
+        items_per_column=6), base_weights_path(tmp_path)
+    kept, unkept = module.BaseScores(), module.BaseScores(limit=0)
+    found = []
+    for row, shift in ((1, 1), (2, 2)):  # each stage moves the model
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        _records(tmp_path, row, examples, [f"{i} + {shift} = {i + shift}" for i in range(6)])
+        found.append((response_drift(ctx, row, weights, spec, kept)["kl"],
+                      response_drift(ctx, row, weights, spec, unkept)["kl"],
+                      response_drift(ctx, row, weights, spec)["kl"]))
+    assert found[0][0] == found[0][1] == found[0][2] > 0
+    assert found[1][0] == found[1][1] == found[1][2] > found[0][0]
+    # two batches of 4 and 2 prompts, scored on the base once with the scores kept, each time
+    # without; the base model built for every call but the kept one's second
+    assert (kept.computed, unkept.computed, len(kept.kept), unkept.bytes) == (2, 4, 2, 0)
+    assert len(copies) == 5
+
+
 def test_the_base_copy_holds_the_base_weights_and_needs_every_parameter(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
