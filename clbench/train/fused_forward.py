@@ -22,7 +22,7 @@ in any batch of another shape.
 It takes models whose layers are plain Llama decoder layers (:func:`fused_decoder` says which:
 Llama, Qwen2 and Mistral without a sliding window, SmolLM2 among them); others, models whose
 projections are wrapped (LoRA adapters, quantized layers), sharded weights (FSDP2's) and models
-with forward hooks on their modules keep transformers' forward.
+with forward hooks on modules whose forward it does not call keep transformers' forward.
 It looks like a model to the decode loop: `config`, a KV cache of transformers' kind, and a
 forward that takes `input_ids`, `attention_mask`, `position_ids`, `cache` and
 `logits_to_keep` and returns an object with `.logits`.
@@ -116,14 +116,22 @@ def decoding_forward(model: Any, device_type: str) -> Any:
 
 
 def _hooked(model: Any) -> bool:
-    """Whether a forward hook is registered on any of the model's modules (or on every
-    module): whoever registered it expects the modules' forwards to run, which this forward
-    does not call."""
+    """Whether a forward hook is registered on a module whose forward this forward does not
+    call (the model, its layers, attention and MLP blocks, projections, head), or on every
+    module: whoever registered it expects that forward to run. The modules this forward calls
+    as modules (embeddings, norms, rotary embedding) run their hooks, such as the one
+    transformers puts on the embeddings for activation checkpointing
+    (`enable_input_require_grads`)."""
     from torch.nn.modules import module as torch_module
 
     if torch_module._global_forward_hooks or torch_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    inner = model.model
+    called = {id(inner.embed_tokens), id(inner.norm), id(inner.rotary_emb)} | {
+        id(norm) for layer in inner.layers
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm)}
+    return any((m._forward_hooks or m._forward_pre_hooks) and id(m) not in called
+               for m in model.modules())
 
 
 class FusedDecoder:

@@ -167,6 +167,35 @@ def test_under_autocast_keys_cast_once_change_no_value(monkeypatch) -> None:
     assert len({tuple(t[:, -1].argmax(-1).tolist()) for t in cast}) > 1  # varied steps
 
 
+def test_a_model_set_up_for_training_keeps_the_fused_forward() -> None:
+    """Activation checkpointing hooks the embeddings (transformers' `enable_input_require_grads`),
+    a module this forward calls: the hook runs, the fused forward stays (a run's rollouts and
+    the rows after the first stage)."""
+    from clbench.train.optim import OptimizerSettings, set_gradient_checkpointing
+
+    model, tok = _varied("tiny-llama")
+    set_gradient_checkpointing(model, OptimizerSettings(gradient_checkpointing=True))
+    embeddings = model.model.embed_tokens
+    assert embeddings._forward_hooks  # transformers' hook, as in every run's training
+    fused = fused_decoder(model)
+    assert fused is not None
+    calls = []
+    extra = embeddings.register_forward_hook(lambda *_: calls.append(1))
+    norm = model.model.layers[0].input_layernorm.register_forward_pre_hook(
+        lambda *_: calls.append(2))
+    input_ids, mask = _left_padded(tok, PROMPTS[:2])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        cache = decoding.attention_cache(model, capacity=input_ids.shape[1])
+        ours = decoding.forward_logits(fused, input_ids, mask, positions, cache)
+        assert calls == [1, 2]  # the hooks on the modules it calls ran
+        extra.remove()
+        norm.remove()
+        theirs = decoding.forward_logits(model.eval(), input_ids, mask, positions, None)
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], **FP32)
+
+
 def test_models_it_cannot_compute_exactly_keep_transformers_forward() -> None:
     model, _ = tiny("tiny-llama")
     assert fused_decoder(model) is not None
@@ -186,6 +215,9 @@ def test_models_it_cannot_compute_exactly_keep_transformers_forward() -> None:
     assert fused_decoder(model) is None  # whoever hooked a module expects it to run
     hook.remove()
     assert fused_decoder(model) is not None
+    hook = model.model.layers[1].self_attn.o_proj.register_forward_pre_hook(lambda *_: None)
+    assert fused_decoder(model) is None
+    hook.remove()
 
     class Sharded(torch.nn.Parameter):
         """A parameter of another type, as FSDP2's DTensor parameters are not plain tensors."""
