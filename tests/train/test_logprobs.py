@@ -123,6 +123,23 @@ def test_gradient_checkpointing_changes_memory_not_gradients() -> None:
     assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
+def test_checkpointing_set_up_again_leaves_one_hook_on_the_embeddings() -> None:
+    """Each stage sets activation checkpointing up on the same model: the embeddings keep the
+    one hook that makes their output require grad, not one more per stage."""
+    from clbench.models import load_model
+    from clbench.train.optim import OptimizerSettings, set_gradient_checkpointing
+
+    model, _ = load_model("tiny-llama", device="cpu", dtype="float32", seed=0)
+    for _ in range(3):
+        set_gradient_checkpointing(model, OptimizerSettings(gradient_checkpointing=True))
+    assert len(model.get_input_embeddings()._forward_hooks) == 1
+    model.train()
+    out = model.get_input_embeddings()(torch.tensor([[1, 2]]))
+    assert out.requires_grad  # the hook still does its work
+    set_gradient_checkpointing(model, OptimizerSettings(gradient_checkpointing=False))
+    assert model.model.gradient_checkpointing is False
+
+
 def test_the_scores_sdpo_gets_from_models_equal_scores_from_their_logits(model) -> None:
     """What the SDPO methods feed `sdpo_loss` (the student's top-k, the teacher read at the
     student's ids, by `completion_distributions`) equals `scores_from_logits` on the same
