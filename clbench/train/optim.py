@@ -71,11 +71,11 @@ def set_gradient_checkpointing(model: torch.nn.Module, settings: OptimizerSettin
     if not getattr(model, "supports_gradient_checkpointing", False):
         return
     kwargs = {"use_reentrant": False}  # non-reentrant: works with DDP, inputs without grad
-    if settings.gradient_checkpointing and getattr(model, "_require_grads_hooks", None):
+    if settings.gradient_checkpointing and hasattr(model, "disable_input_require_grads"):
         # Enabling registers a hook on the input embeddings (their output requires grad) and
         # forgets the one an earlier stage registered: without this, every stage of a run left
         # one more hook on the embeddings, each run by every forward of evaluation and rollouts.
-        model.disable_input_require_grads()
+        model.disable_input_require_grads()  # nothing where no hook is registered
     if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.x on
         if settings.gradient_checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)

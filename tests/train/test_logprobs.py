@@ -132,10 +132,12 @@ def test_checkpointing_set_up_again_leaves_one_hook_on_the_embeddings() -> None:
     model, _ = load_model("tiny-llama", device="cpu", dtype="float32", seed=0)
     for _ in range(3):
         set_gradient_checkpointing(model, OptimizerSettings(gradient_checkpointing=True))
-    assert len(model.get_input_embeddings()._forward_hooks) == 1
-    model.train()
-    out = model.get_input_embeddings()(torch.tensor([[1, 2]]))
-    assert out.requires_grad  # the hook still does its work
+    embeddings = model.get_input_embeddings()
+    assert len(embeddings._forward_hooks) == 1
+    embeddings.weight.requires_grad_(False)  # so that only the hook makes the output need grad
+    assert embeddings(torch.tensor([[1, 2]])).requires_grad  # the hook still does its work
+    model.disable_input_require_grads()
+    assert not embeddings(torch.tensor([[1, 2]])).requires_grad
     set_gradient_checkpointing(model, OptimizerSettings(gradient_checkpointing=False))
     assert model.model.gradient_checkpointing is False
 
