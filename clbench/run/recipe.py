@@ -111,8 +111,12 @@ class RunInterrupted(UserError):
 
 
 def execute(run: RunSpec, resume: bool = False, console: Console | None = None) -> RunResult:
-    """Run (or resume) one run and return its result: :meth:`RunRecipe.execute`."""
-    return RunRecipe(run, console).execute(resume)
+    """Run (or resume) one run and return its result: :meth:`RunRecipe.execute`; a launched
+    run's processes then part (:meth:`Distributed.close`)."""
+    recipe = RunRecipe(run, console)
+    result = recipe.execute(resume)
+    recipe.dist.close()
+    return result
 
 
 class RunRecipe:

@@ -120,7 +120,9 @@ def measure_signal(run: RunSpec, stage: int = 1, batches: int = 5,
     model, tokenizer = load_model(run, dist)
     with tempfile.TemporaryDirectory(prefix="clbench-signal-") as work:
         setup = _Setup(run, method, addons, dist, items, model, tokenizer, Path(work))
-        return _measure(setup, stage, batches, validation_items, on_step)
+        result = _measure(setup, stage, batches, validation_items, on_step)
+    dist.close()
+    return result
 
 
 @dataclass

@@ -266,6 +266,15 @@ class Distributed:
         if self.num_processes > 1:
             self.accelerator.wait_for_everyone()
 
+    def close(self) -> None:
+        """The processes part: a barrier, then the process group destroyed (a no-op with one
+        process). Left to the interpreter's exit, gloo's threads are torn down while a peer may
+        still be talking to them, and a rank aborts ("terminate called without an active
+        exception") after its work is done: a failed launch for a finished run."""
+        if self.num_processes > 1:
+            self.accelerator.wait_for_everyone()
+            self.accelerator.state.destroy_process_group()
+
     def gather(self, items: list[T]) -> list[T]:
         """Every rank's list, concatenated in rank order, on every rank."""
         if self.num_processes == 1:

@@ -464,6 +464,7 @@ def _ddp_steps_worker(first: str, out: Path) -> None:
     for case, make in SUPERVISE.items():
         got = _step_grads(out / case, make(first), dist)
         torch.save(got, out / f"{case}-rank{dist.process_index}.pt")
+    dist.close()
 
 
 @pytest.mark.e2e
