@@ -272,7 +272,7 @@ class Distributed:
         still be talking to them, and a rank aborts ("terminate called without an active
         exception") after its work is done: a failed launch for a finished run."""
         if self.num_processes > 1:
-            self.accelerator.wait_for_everyone()
+            self.wait()
             self.accelerator.state.destroy_process_group()
 
     def gather(self, items: list[T]) -> list[T]:
