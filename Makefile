@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
+# `pip install` arguments installed by uv with pip's configuration, or by pip (tools/install.py)
+INSTALL = $(1) tools/install.py
 # torch is installed first, pinned, from PyTorch's CPU index: PyPI's Linux wheels of torch are CUDA
 # builds (several GB), and a dependency that needs torch would otherwise pull one. Where that index
 # cannot be reached (an offline mirror), torch comes from the configured package index instead.
@@ -28,20 +30,19 @@ LOWEST ?= .venv-lowest
 define install_torch
 $(1) -c "import torch" 2>/dev/null && echo "keeping installed torch $$($(1) -c 'import torch; print(torch.__version__)')" \
   || if [ -n "$(TORCH_INDEX)" ] && $(1) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=10)" "$(TORCH_INDEX)/torch/" 2>/dev/null; \
-  then echo "torch from $(TORCH_INDEX)"; $(1) -m pip install $(TORCH_SPEC) --index-url $(TORCH_INDEX); \
-  else echo "torch from the configured package index ($(TORCH_INDEX) not reachable)"; $(1) -m pip install $(TORCH_SPEC); fi
+  then echo "torch from $(TORCH_INDEX)"; $(call INSTALL,$(1)) $(TORCH_SPEC) --index-url $(TORCH_INDEX); \
+  else echo "torch from the configured package index ($(TORCH_INDEX) not reachable)"; $(call INSTALL,$(1)) $(TORCH_SPEC); fi
 endef
 PYTEST_ARGS ?=
 
 .PHONY: setup run test test-slow test-browser test-lowest check-extras lint clean-venv
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile examples/plugins/*/pyproject.toml
+$(STAMP): pyproject.toml Makefile tools/install.py examples/plugins/*/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(call install_torch,$(PY))
-	$(PIP) install -e ".[test]"
-	$(PIP) install --no-deps $(NODEPS)
-	$(PIP) install --no-deps $(EXAMPLE_PLUGINS)
+	$(call INSTALL,$(PY)) -e ".[test]"
+	$(call INSTALL,$(PY)) --no-deps $(NODEPS) $(EXAMPLE_PLUGINS)
 	@touch $(STAMP)
 
 run: setup
