@@ -17,7 +17,8 @@ the rows that are still going and nothing more:
   batch's KV cache (a CPU prefills 1.5x faster per token at that size than over a whole batch
   of tool-use prompts);
 - **ended rows leave the batch**: EOS, the row's own token cap, or a stop string in its newest
-  tokens; the KV cache keeps only the live rows, and the loop ends when none is left;
+  tokens; the KV cache keeps only the live rows (moved down within buffers allocated once per
+  batch), and the loop ends when none is left;
 - **stop strings on the newest tokens only** (:class:`StopScanner`), not the whole completion
   decoded at every step;
 - **a row's draws depend on its own logits alone**: each step draws one uniform number per row
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -396,7 +398,22 @@ def _preallocated_layer() -> type:
                 self._expose()
 
         def batch_select_indices(self, indices: Any) -> None:
-            self._rows(lambda buffer: buffer[indices])
+            """Keep the rows `indices`. In increasing order (the decode loop's rows that go
+            on), each kept row moves down within the same buffers, its filled columns copied:
+            the cache is allocated once per batch, not again (whole, past its filled part) each
+            time rows end, which spread a column's allocations over the heap."""
+            order = indices.tolist()
+            if not all(a < b for a, b in itertools.pairwise(order)):
+                self._rows(lambda buffer: buffer[indices])
+                return
+            if self.is_initialized and self.length:
+                for row, kept in enumerate(order):
+                    if row != kept:
+                        for buffer in (self.key_buffer, self.value_buffer):
+                            buffer[row, :, :self.length].copy_(buffer[kept, :, :self.length])
+                self.key_buffer = self.key_buffer[:len(order)]
+                self.value_buffer = self.value_buffer[:len(order)]
+                self._expose()
 
         def reorder_cache(self, beam_idx: Any) -> None:
             self._rows(lambda buffer: buffer.index_select(0, beam_idx.to(buffer.device)))

@@ -144,6 +144,25 @@ def test_a_preallocated_cache_decodes_what_a_dynamic_cache_decodes(capacity: int
     assert cache.get_seq_length() <= width + 20
 
 
+def test_rows_that_leave_a_preallocated_cache_leave_its_buffers_in_place() -> None:
+    """Ended rows leave by moving the kept rows down within the same buffers (no new buffer per
+    ended row); any other order of rows is a gather."""
+    from clbench.train.decoding import _preallocated_layer
+
+    layer = _preallocated_layer()(capacity=8)
+    keys, values = torch.randn(5, 2, 3, 4), torch.randn(5, 2, 3, 4)
+    layer.update(keys, values)
+    storage = layer.key_buffer.untyped_storage().data_ptr()
+    layer.batch_select_indices(torch.tensor([1, 3, 4]))
+    assert layer.key_buffer.untyped_storage().data_ptr() == storage
+    assert torch.equal(layer.keys, keys[[1, 3, 4]]) and torch.equal(layer.values, values[[1, 3, 4]])
+    new_keys, new_values = torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4)
+    layer.update(new_keys, new_values)  # the next token lands after the kept rows' columns
+    assert torch.equal(layer.keys, torch.cat([keys[[1, 3, 4]], new_keys], dim=2))
+    layer.batch_select_indices(torch.tensor([2, 0]))
+    assert torch.equal(layer.values, torch.cat([values[[4, 1]], new_values[[2, 0]]], dim=2))
+
+
 def _token_pairs_of(rows: list[list[int]]) -> list[list[int]]:
     tokens = sorted({t for r in rows for t in r})
     return [[a, b] for i, a in enumerate(tokens) for b in tokens[i + 1:]]
