@@ -121,8 +121,11 @@ def _pip(python: str, arguments: list[str]) -> int:
 def main(arguments: list[str]) -> int:
     python = sys.executable
     listing = subprocess.run([python, "-m", "pip", "config", "list"], capture_output=True,
-                             text=True, check=False).stdout
-    command = uv_command(pip_settings(listing), arguments)
+                             text=True, check=False)
+    if listing.returncode != 0:  # without pip's settings uv would install from elsewhere
+        print("installing with pip: `pip config list` failed", flush=True)
+        return _pip(python, arguments)
+    command = uv_command(pip_settings(listing.stdout), arguments)
     if command.unsupported:
         print(f"installing with pip: uv is not given {', '.join(command.unsupported)} here",
               flush=True)
