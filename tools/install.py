@@ -38,8 +38,8 @@ _ENVIRONMENT = {"cert": "SSL_CERT_FILE", "timeout": "UV_HTTP_TIMEOUT",
 _NO_EFFECT = {"config-file", "disable-pip-version-check", "no-input", "progress-bar",
               "root-user-action", "no-color", "quiet", "verbose", "no-python-version-warning",
               "require-virtualenv", "cache-dir", "no-cache-dir", "no-warn-script-location"}
-# `pip install` arguments passed on to uv as they are (a value follows those in _WITH_VALUE).
-_ARGUMENTS = {"-e", "--editable", "--no-deps", "-q", "--quiet"}
+# `pip install` arguments passed on to uv as they are: flags, and those a value follows.
+_FLAG_ARGUMENTS = {"--no-deps", "-q", "--quiet"}
 _WITH_VALUE = {"-e", "--editable", "--index-url", "-i", "--extra-index-url", "--find-links",
                "-f", "-c"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -97,7 +97,7 @@ def uv_command(settings: dict[str, str], arguments: list[str]) -> UvCommand:
         if not argument.startswith("-"):
             continue
         flag = argument.partition("=")[0]
-        if flag not in _ARGUMENTS | _WITH_VALUE:
+        if flag not in _FLAG_ARGUMENTS | _WITH_VALUE:
             command.unsupported.append(f"argument {flag!r}")
         expects_value = flag in _WITH_VALUE and "=" not in argument
     return command
