@@ -46,12 +46,11 @@ $(STAMP): pyproject.toml Makefile tools/install.py examples/plugins/*/pyproject.
 	@touch $(STAMP)
 
 # `make run` preloads jemalloc where the system has it (Debian/Ubuntu: `apt-get install
-# libjemalloc2`): under glibc's allocator a run's process computes more slowly the longer it has
-# run; under jemalloc it does not, and it peaks lower (docs/performance.md, "The allocator":
-# 11:12 against 13:22 for the starter, 4.5 against 5.1 GiB). `make run JEMALLOC=` runs without.
-JEMALLOC ?= $(firstword $(wildcard /usr/lib/x86_64-linux-gnu/libjemalloc.so.2 \
-	/usr/lib/aarch64-linux-gnu/libjemalloc.so.2 /usr/lib64/libjemalloc.so.2 \
-	/usr/lib/libjemalloc.so.2 /usr/local/lib/libjemalloc.so.2))
+# libjemalloc2`; clbench.train.cpu knows where it usually lives): under glibc's allocator a run's
+# process computes more slowly the longer it has run; under jemalloc it does not
+# (docs/performance.md, "The allocator"). `make run JEMALLOC=` runs without; expanded after
+# `setup`, when the environment's Python exists.
+JEMALLOC ?= $(shell $(PY) -m clbench.train.cpu 2>/dev/null)
 
 run: setup
 	$(if $(JEMALLOC),LD_PRELOAD=$(JEMALLOC) )$(VENV)/bin/clbench run --suite starter --method sdpo \

@@ -388,7 +388,8 @@ def print_resolution(console: Console, resolved: dict[str, Any]) -> None:
 
 def _resolved(resolved: dict[str, Any]) -> str:
     threads = f", {resolved['cpu_threads']} threads" if "cpu_threads" in resolved else ""
-    return f"{escape(resolved['device'])}, {escape(resolved['precision'])}{threads}"
+    malloc = f", {escape(resolved['allocator'])} malloc" if "allocator" in resolved else ""
+    return f"{escape(resolved['device'])}, {escape(resolved['precision'])}{threads}{malloc}"
 
 
 def print_estimate(console: Console, estimate: Any, resolved: dict[str, Any],

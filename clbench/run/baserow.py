@@ -148,6 +148,8 @@ def base_row_key(run: RunSpec, plans: Sequence[ColumnPlan], resolved: dict[str, 
     resolved = dict(resolved)
     # the kind of device, not its index: runs pinned to different GPUs share the row
     resolved["device"] = str(resolved.get("device", "")).split(":")[0]
+    # which malloc served the process changes no number (the same tokens under glibc and jemalloc)
+    resolved.pop("allocator", None)
     content = {
         "columns": columns,
         "decoding": protocol.decoding.model_dump(mode="json"),

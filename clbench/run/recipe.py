@@ -87,7 +87,7 @@ from clbench.run.trackers import RunTrackers, prepare_environment
 from clbench.seeding import derive_seed, seed_everything
 from clbench.spec.schema import RunSpec
 from clbench.tasks.code.sandbox import sandbox_kind
-from clbench.train.cpu import release_free_memory
+from clbench.train.cpu import allocator_hint, release_free_memory
 
 if TYPE_CHECKING:
     from clbench.train.api import StageReport
@@ -201,6 +201,9 @@ class RunRecipe:
             "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
             "parameters": sum(p.numel() for p in model.parameters()),
             "device": str(dist.device), **dist.describe()}
+        if dist.device.type == "cpu" and (hint := allocator_hint()) is not None:
+            log.info("%s", hint)
+            self.console.print(f"[dim]{escape(hint)}[/]", soft_wrap=True)
 
     def _start_trackers(self) -> RunTrackers | None:
         """The run's experiment trackers (`--report-to`), started; None without any."""

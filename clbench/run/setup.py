@@ -174,7 +174,7 @@ def resolution(run: RunSpec) -> dict[str, Any]:
     """What the run's `auto` settings resolve to on this machine, without loading the model:
     its device, precision and (on the CPU) torch threads."""
     from clbench.models import resolve_device
-    from clbench.train.cpu import run_threads
+    from clbench.train.cpu import process_allocator, run_threads
     from clbench.train.distributed import resolve_precision
 
     device = resolve_device(run.device)
@@ -185,6 +185,8 @@ def resolution(run: RunSpec) -> dict[str, Any]:
 
         local = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
         out["cpu_threads"] = run_threads(local) or torch.get_num_threads()
+        if (kind := process_allocator()) is not None:
+            out["allocator"] = kind
     return out
 
 

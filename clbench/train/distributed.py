@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from clbench.errors import UserError
-from clbench.train.cpu import use_cpu_share
+from clbench.train.cpu import keep_freed_pages, process_allocator, use_cpu_share
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -221,9 +221,11 @@ class Distributed:
     def take_cpu_share(self) -> None:
         """On the CPU, torch's thread count from the cores this process may use, shared with
         the other processes of its node (:mod:`clbench.train.cpu`; OMP_NUM_THREADS wins). A
-        run calls it; a script that sets its own thread count does not."""
+        run calls it; a script that sets its own thread count does not. Under a preloaded
+        jemalloc it also keeps freed pages between the run's releases (`keep_freed_pages`)."""
         if self.device.type == "cpu":
             use_cpu_share(int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+            keep_freed_pages()
 
     def load_model(self, spec: Any, seed: int = 0) -> tuple[Any, Any]:
         """`(model, tokenizer)` of a model spec on this process's device, its weights in this
@@ -445,6 +447,8 @@ class Distributed:
             described["sharding"] = self.sharding
         if self.device.type == "cpu":
             described["cpu_threads"] = torch.get_num_threads()
+            if (kind := process_allocator()) is not None:
+                described["allocator"] = kind
         return described
 
 

@@ -202,7 +202,8 @@ def test_run_plan(write_suite, fake_plugins, columns: str) -> None:
     assert add2[0][:4] == ["add2", "fake.addition", "512", "7"]  # train items, overridden steps
     assert add2[1] == ["add2", "stream", "fake.addition", "16", "level=2"]  # its column
     # what `auto` resolves to here, without loading the model
-    assert re.search(r"on this machine cpu, (fp32|bf16-mixed), \d+ threads", out)
+    assert re.search(r"on this machine cpu, (fp32|bf16-mixed), \d+ threads, (glibc|jemalloc) "
+                     r"malloc", out)
     assert ["add3", "ood", "fake.addition", "16", "level=3"] in [line.split() for line in
                                                                  out.splitlines()]
     assert '"lr": 1e-05' in out and '"beta": 0.5' in out  # resolved method config

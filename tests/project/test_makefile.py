@@ -22,3 +22,14 @@ def test_make_run_preloads_the_jemalloc_it_is_given_and_none_when_told_not_to() 
     plain = _run_command("JEMALLOC=")
     assert "LD_PRELOAD" not in plain
     assert plain.split()[1:3] == ["run", "--suite"]
+
+
+def test_make_run_finds_the_jemalloc_that_clbench_finds() -> None:
+    from clbench.train.cpu import system_jemalloc
+
+    found = system_jemalloc()
+    default = _run_command()
+    if found is None:
+        assert "LD_PRELOAD" not in default
+    else:
+        assert default.startswith(f"LD_PRELOAD={found} ")

@@ -54,6 +54,10 @@ def test_key_follows_the_device_kind_the_weights_and_user_lm_eval_files(tmp_path
     on = {"dtype": "float32", "device": "cuda:0"}
     assert _key(suite, resolved=on) == _key(suite, resolved={**on, "device": "cuda:1"})
     assert _key(suite, resolved=on) != _key(suite, resolved={**on, "device": "cpu"})
+    cpu = {**on, "device": "cpu", "cpu_threads": 2}
+    assert _key(suite, resolved={**cpu, "allocator": "glibc"}) == \
+        _key(suite, resolved={**cpu, "allocator": "jemalloc"})  # malloc changes no number
+    assert _key(suite, resolved=cpu) != _key(suite, resolved={**cpu, "cpu_threads": 1})
     # a local checkpoint retrained in place is another model
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -346,6 +346,11 @@ def test_smoke_suite_with_each_builtin_method_through_the_cli(tmp_path: Path, me
     result = read_results(out / "results.json")
     assert result.status == "complete" and len(result.matrix) == 3
     assert set(result.metrics) >= {"acc", "la", "bwt", "fwt", "forgetting", "ood_delta"}
+    from clbench.train.cpu import process_allocator
+
+    assert result.model.resolved["allocator"] == process_allocator()  # recorded with the run
+    # under glibc a CPU run says how to preload jemalloc, under jemalloc it does not
+    assert ("uses glibc's malloc" in res.output) == (process_allocator() == "glibc")
     assert [s.index for s in result.stages] == [1, 2]
     for stage in result.stages:
         assert METHOD_LOGS[method] in stage.summary, sorted(stage.summary)
