@@ -118,6 +118,7 @@ def allocator_hint(paths: tuple[Path, ...] = JEMALLOC_PATHS) -> str | None:
             "\"The allocator\")")
 
 
+@functools.cache
 def _jemalloc_control() -> Any | None:
     """jemalloc's `mallctl` where it serves this process's malloc (preloaded), else None."""
     import ctypes
@@ -171,22 +172,31 @@ def release_free_memory() -> bool:
     beside them and the process's resident memory climbs stage after stage (docs/performance.md
     measures it). Under jemalloc with :func:`keep_freed_pages` these calls (after each training
     step, evaluation column and stage) are the only times pages go back."""
-    import ctypes
-    import ctypes.util
-
     if process_allocator() == "jemalloc":
         control = _jemalloc_control()
         return control is not None and \
             control(f"arena.{_ALL_ARENAS}.purge".encode(), None, None, None, 0) == 0
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS)
+    trim = _glibc_trim()
+    if trim is None:
         return False
     trim(0)
     return True
+
+
+@functools.cache
+def _glibc_trim() -> Any | None:
+    """glibc's `malloc_trim`, None without glibc (looked up once: `find_library` runs
+    `ldconfig`, and the run releases memory after every step and column)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        return ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl, macOS)
+        return None
 
 
 if __name__ == "__main__":  # `python -m clbench.train.cpu`: the system's jemalloc, for `make run`
