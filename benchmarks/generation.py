@@ -31,9 +31,12 @@ forward (`clbench.train.fused_forward`) against transformers' forward. `--compar
 step's rollouts of each stage named in `--columns` (sampled under autocast from the fp32
 weights) with the fused forward's queries and keys cast to bf16 once
 (`fused_forward.CAST_KEYS_ONCE`) against fp32 keys that autocast casts at every attention
-call. `--compare batch`: a run's evaluation in CPU batches of `--tokens` tokens and at most
-`--growth` times the protocol's batch size (`clbench.spec.schema.CPU_BATCH_TOKENS`,
-`AUTO_BATCH_GROWTH`) against the library's own.
+call. `--compare packed`: a run's evaluation and one step's rollouts with the fused forward's
+projections over at most `fused_forward.PACKED_ROWS` rows (decoding steps) multiplying by
+weights packed once per call for oneDNN against the plain weights. `--compare batch`: a run's
+evaluation in CPU batches of `--tokens` tokens and at most `--growth` times the protocol's
+batch size (`clbench.spec.schema.CPU_BATCH_TOKENS`, `AUTO_BATCH_GROWTH`) against the library's
+own.
 
     python benchmarks/generation.py starter --compare cast --columns math,tool_use --n 32
     python benchmarks/generation.py starter --compare settings --n 100 --repeats 1 \
@@ -45,6 +48,8 @@ call. `--compare batch`: a run's evaluation in CPU batches of `--tokens` tokens 
     python benchmarks/generation.py starter --compare engine --device cuda --n 100
     python benchmarks/generation.py starter --compare forward --columns math,tool_use --n 64
     python benchmarks/generation.py starter --compare keys --columns math,science,tool_use
+    python benchmarks/generation.py starter --compare packed --n 100 \
+        --columns math,science,tool_use,math_ood,science_ood,tool_use_ood
 
 Prints seconds for each way (median [min-max] of the repeats), the ratio, and how many
 completions are identical.
@@ -68,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("suite", help="suite name (e.g. starter) or path to a suite YAML")
     ap.add_argument("--compare", default="cast",
                     choices=("cast", "loop", "engine", "settings", "drafts", "prefill",
-                             "prefix", "batch", "forward", "keys"),
+                             "prefix", "batch", "forward", "keys", "packed"),
                     help="cast: weight casts in evaluation; loop: clbench's decode loop against "
                          "model.generate in evaluation and rollouts; engine: the decode loop "
                          "against the static-cache engine, the same jobs; settings: evaluation "
@@ -81,7 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "tokens against the library's batches; forward: evaluation and "
                          "rollouts with the fused decoding forward against transformers' "
                          "forward; keys: rollouts with the fused forward's keys cast to bf16 "
-                         "once against cast at every attention call")
+                         "once against cast at every attention call; packed: evaluation and "
+                         "rollouts with decoding steps over weights packed for oneDNN against "
+                         "the plain weights")
     ap.add_argument("--drafts", type=int, default=4, help="drafts per step for --compare drafts")
     ap.add_argument("--tokens", type=int, default=24_576,
                     help="tokens per CPU evaluation batch for --compare batch")
@@ -109,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                "settings": compare_settings, "drafts": compare_drafts,
                "prefill": compare_prefill, "prefix": compare_prefix,
                "batch": compare_batch, "forward": compare_forward,
-               "keys": compare_keys}[args.compare]
+               "keys": compare_keys, "packed": compare_packed}[args.compare]
     ways, jobs = compare(suite, model, tokenizer, args)
     print(f"# {suite.model.name}, {dist.precision.label} on {dist.device}, "
           f"{torch.get_num_threads()} threads, median [min-max] of {args.repeats}")
@@ -213,6 +220,19 @@ def compare_keys(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespac
     once, every_call = swapped(fused_forward, "CAST_KEYS_ONCE", False)
     return {"keys cast once": once, "keys cast at every call": every_call}, \
         rollout_jobs(suite, model, tokenizer, args)
+
+
+def compare_packed(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                   ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """Greedy evaluation of each column under the suite's settings, and one step's rollouts of
+    each stage named in `--columns`, the fused forward's decoding steps over weights packed
+    for oneDNN (`fused_forward.PACKED_ROWS`) / over the plain weights."""
+    from clbench.train import fused_forward
+
+    packed, plain = swapped(fused_forward, "PACKED_ROWS", 0)
+    _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
+    return {"packed weights": packed, "plain weights": plain}, \
+        jobs + rollout_jobs(suite, model, tokenizer, args)
 
 
 def rollout_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace

@@ -167,6 +167,40 @@ def test_under_autocast_keys_cast_once_change_no_value(monkeypatch) -> None:
     assert len({tuple(t[:, -1].argmax(-1).tolist()) for t in cast}) > 1  # varied steps
 
 
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_packed_weights_change_no_value_where_onednn_packs_them(name: str, monkeypatch) -> None:
+    """Decoding steps over weights packed for oneDNN (bf16, a CPU with bf16 support) give
+    exactly what the plain weights give, bit for bit, at the prefill and at every step, with
+    and without biases; where oneDNN has no bf16, nothing is packed."""
+    model, tok = _varied(name)
+    input_ids, mask = _left_padded(tok, PROMPTS)
+    rows, width = input_ids.shape
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    supported = torch.backends.mkldnn.is_available() and \
+        torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    steps = []
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for packed_rows in (fused_forward.PACKED_ROWS, 0):
+            monkeypatch.setattr(fused_forward, "PACKED_ROWS", packed_rows)
+            fused = fused_decoder(model, torch.bfloat16)
+            assert fused is not None
+            packed = [p.packed is not None for layer in fused.layers
+                      for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+            assert all(packed) == (bool(packed_rows) and supported) and len(set(packed)) == 1
+            cache = decoding.attention_cache(model, capacity=width + 6)
+            logits = [decoding.forward_logits(fused, input_ids, mask, positions, cache)]
+            step_mask, position = mask, positions[:, -1:]
+            tokens = logits[0][:, -1].argmax(-1, keepdim=True)
+            for _ in range(5):
+                step_mask = torch.cat([step_mask, step_mask.new_ones((rows, 1))], 1)
+                position = position + 1
+                logits.append(decoding.forward_logits(fused, tokens, step_mask, position, cache))
+                tokens = logits[-1][:, -1].argmax(-1, keepdim=True)
+            steps.append(logits)
+    assert all(torch.equal(a, b) for a, b in zip(*steps))
+    assert len({tuple(t[:, -1].argmax(-1).tolist()) for t in steps[0]}) > 1  # varied steps
+
+
 def test_a_model_set_up_for_training_keeps_the_fused_forward() -> None:
     """Activation checkpointing hooks the embeddings (transformers' `enable_input_require_grads`),
     a module this forward calls: the hook runs, the fused forward stays (a run's rollouts and
