@@ -74,6 +74,29 @@ def test_principal_mask_overlap_follows_where_the_principal_structure_is() -> No
     assert matrix_drift(w0, moved_peak, settings).mask_overlap == 0.0
 
 
+def test_the_principal_mask_holds_the_largest_entries_of_the_reconstruction() -> None:
+    """The mask is the `fraction` of entries largest in magnitude in u diag(s) v^T, against a
+    full sort of the reconstruction; entries tied with the last one kept are all in."""
+    import numpy as np
+
+    from clbench.metrics.drift import principal_mask
+
+    g = torch.Generator().manual_seed(5)
+    u, v = torch.randn(70, 3, generator=g, dtype=torch.float64), \
+        torch.randn(40, 3, generator=g, dtype=torch.float64)
+    s = torch.tensor([3.0, 2.0, 0.5], dtype=torch.float64)
+    magnitude = (u * s @ v.T).abs().to(torch.float32).flatten()
+    order = torch.argsort(magnitude, descending=True)
+    expected = np.zeros(70 * 40, dtype=bool)
+    expected[order[:round(0.15 * 70 * 40)].numpy()] = True
+    mask = np.unpackbits(principal_mask(u, s, v, 0.15).numpy())[:70 * 40].astype(bool)
+    assert mask.sum() == 420 and np.array_equal(mask, expected)
+    # ties: a rank-1 matrix of +-1 entries; the 20% largest are all 400 tied entries
+    ones = torch.ones(20, 1, dtype=torch.float64)
+    tied = principal_mask(ones, torch.ones(1, dtype=torch.float64), ones, 0.2)
+    assert int(np.unpackbits(tied.numpy()).sum()) == 400
+
+
 def test_the_randomised_path_agrees_with_the_exact_one_on_a_low_rank_matrix() -> None:
     g = torch.Generator().manual_seed(3)
     base = torch.randn(300, 6, generator=g, dtype=torch.float64) @ \
