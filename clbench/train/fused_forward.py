@@ -6,12 +6,15 @@ arithmetic: transformers' forward builds a 4-D attention mask at every step and 
 query/key/value and two gate/up matrix multiplies per layer, each reading the same
 activations. :class:`FusedDecoder` computes the same layers over the same weights with the
 query, key and value projections as one matrix multiply and the gate and up projections as
-another (their weights concatenated once per generation call), and hands attention the 2-D
-padding mask as a boolean mask (none at all for a prefill with no past, where the causal
-kernel runs). A decoding step (one new token a row) attends over the preallocated cache's whole
+another (their weights concatenated once per generation call, and on a CPU with bf16 weights
+packed once for oneDNN's decoding-sized products, :data:`PACKED_ROWS`), and hands attention
+the 2-D padding mask as a boolean mask at a decoding step and an additive one, made once per
+forward, at a prefill (none at all for a prefill with no past, where the causal kernel
+runs). A decoding step (one new token a row) attends over the preallocated cache's whole
 buffers, the unfilled columns masked, with two batched matrix multiplies: on a CPU as fast as
 transformers' SDPA attention over the filled slice for long caches and 1.4-1.5x faster for
-short ones (docs/performance.md, "A decoding forward with fused projections").
+short ones (docs/performance.md, "A decoding forward with fused projections" and "Weights
+packed for decoding steps, and a leaner prefill").
 
 Every other operation is the model's, in the same order and dtype, so under an enclosing
 autocast it computes what transformers computes under it (the fused weights are cast to the
@@ -327,8 +330,9 @@ def _attention(q: Any, k: Any, v: Any, mask: Any, scaling: float, groups: int) -
     between them, the queries of a key/value head packed as its rows so that keys and values are
     not repeated, over the cache's whole buffers (:func:`_over_whole_buffers`, no slice to
     copy); on a CPU up to 1.5x faster than the fused attention kernel over repeated keys, which
-    is made for long queries. Several (a prefill): that kernel, keys and values repeated per
-    query head, and its causal form where there is no mask."""
+    is made for long queries. Several (a prefill): that kernel, with grouped query heads on a
+    CPU (keys and values repeated per query head elsewhere), and its causal form where there is
+    no mask."""
     import torch
     import torch.nn.functional as F
 
@@ -344,7 +348,13 @@ def _attention(q: Any, k: Any, v: Any, mask: Any, scaling: float, groups: int) -
         probs = torch.softmax(scores, dim=-1).to(v.dtype).flatten(0, 1)
         out = torch.bmm(probs, v.flatten(0, 1))
     else:
+        # on a CPU the kernel reads each key/value head for its query heads (the outputs bit
+        # for bit those over repeated heads); elsewhere the kernels that take a mask may not
+        # take grouped heads, so they are repeated
+        grouped = groups > 1 and q.device.type == "cpu"
+        if groups > 1 and not grouped:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
                                              is_causal=mask is None and new > 1,
-                                             enable_gqa=groups > 1)
+                                             enable_gqa=grouped)
     return out.reshape(rows, heads, new, dim).transpose(1, 2).reshape(rows, new, heads * dim)
