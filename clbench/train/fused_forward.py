@@ -255,9 +255,8 @@ class FusedDecoder:
             mask = (attention_mask[:, None, None, :].bool() & (columns <= own)) | (columns == own)
         groups = self.heads // self.kv_heads
         rotated = self.heads + self.kv_heads  # query and key heads, before the value heads
-        # a decoding step's mask over whole cache buffers (by width), a prefill's additive
-        # mask (by dtype): the attention kernel turns a boolean mask into that at every call
-        step_masks: dict[Any, Any] = {}
+        step_masks: dict[int, Any] = {}  # a decoding step's mask over whole cache buffers
+        additive = None  # a prefill's mask as the attention kernel would make it at each call
         for i, layer in enumerate(self.layers):
             residual = hidden
             x = layer.input_norm(hidden)
@@ -275,12 +274,11 @@ class FusedDecoder:
                 if new == 1:
                     k, v, layer_mask = _over_whole_buffers(cache.layers[i], k, v, mask,
                                                            step_masks)
-            if new > 1 and mask is not None:  # a prefill's mask, made additive once
-                if q.dtype not in step_masks:
-                    step_masks[q.dtype] = torch.zeros(mask.shape, dtype=q.dtype,
-                                                      device=mask.device).masked_fill_(
-                        ~mask, float("-inf"))
-                layer_mask = step_masks[q.dtype]
+            if new > 1 and mask is not None:  # made additive once, for every layer
+                if additive is None or additive.dtype != q.dtype:
+                    additive = torch.zeros(mask.shape, dtype=q.dtype, device=mask.device
+                                           ).masked_fill_(~mask, float("-inf"))
+                layer_mask = additive
             attended = _attention(q, k, v, layer_mask, self.scaling, groups)
             hidden = residual + layer.o(attended)
             residual = hidden
