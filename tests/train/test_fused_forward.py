@@ -138,28 +138,35 @@ def test_under_autocast_it_computes_in_the_dtypes_transformers_does() -> None:
     assert (ours[real] - theirs[real]).abs().max() < 0.05 * theirs[real].abs().max()
 
 
+def _prefill_and_steps(model, fused, input_ids, mask, steps: int = 5):
+    """The logits of a prefill of the left-padded batch and of `steps` greedy decoding steps
+    after it through `fused`, and the cache they filled."""
+    rows, width = input_ids.shape
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = decoding.attention_cache(model, capacity=width + steps + 1)
+    logits = [decoding.forward_logits(fused, input_ids, mask, positions, cache)]
+    step_mask, position = mask, positions[:, -1:]
+    tokens = logits[0][:, -1].argmax(-1, keepdim=True)
+    for _ in range(steps):
+        step_mask = torch.cat([step_mask, step_mask.new_ones((rows, 1))], 1)
+        position = position + 1
+        logits.append(decoding.forward_logits(fused, tokens, step_mask, position, cache))
+        tokens = logits[-1][:, -1].argmax(-1, keepdim=True)
+    return logits, cache
+
+
 def test_under_autocast_keys_cast_once_change_no_value(monkeypatch) -> None:
     """Queries and keys cast to the compute dtype once, before attention, give exactly what
     autocast gives casting fp32 ones at every attention call: the same logits, bit for bit, at
     the prefill and at every decoding step."""
     model, tok = _varied("tiny-llama")
     input_ids, mask = _left_padded(tok, PROMPTS)
-    rows, width = input_ids.shape
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
     steps = []
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         for cast_once in (True, False):
             monkeypatch.setattr(fused_forward, "CAST_KEYS_ONCE", cast_once)
             fused = fused_decoder(model, torch.bfloat16)
-            cache = decoding.attention_cache(model, capacity=width + 6)
-            logits = [decoding.forward_logits(fused, input_ids, mask, positions, cache)]
-            step_mask, position = mask, positions[:, -1:]
-            tokens = logits[0][:, -1].argmax(-1, keepdim=True)
-            for _ in range(5):
-                step_mask = torch.cat([step_mask, step_mask.new_ones((rows, 1))], 1)
-                position = position + 1
-                logits.append(decoding.forward_logits(fused, tokens, step_mask, position, cache))
-                tokens = logits[-1][:, -1].argmax(-1, keepdim=True)
+            logits, cache = _prefill_and_steps(model, fused, input_ids, mask)
             steps.append((logits, cache.layers[0].keys.dtype))
     (cast, cast_dtype), (before, before_dtype) = steps
     assert (cast_dtype, before_dtype) == (torch.bfloat16, torch.float32)
@@ -174,8 +181,6 @@ def test_packed_weights_change_no_value_where_onednn_packs_them(name: str, monke
     and without biases; where oneDNN has no bf16, nothing is packed."""
     model, tok = _varied(name)
     input_ids, mask = _left_padded(tok, PROMPTS)
-    rows, width = input_ids.shape
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
     supported = torch.backends.mkldnn.is_available() and \
         torch.ops.mkldnn._is_mkldnn_bf16_supported()
     steps = []
@@ -187,16 +192,7 @@ def test_packed_weights_change_no_value_where_onednn_packs_them(name: str, monke
             packed = [p.packed is not None for layer in fused.layers
                       for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
             assert all(packed) == (bool(packed_rows) and supported) and len(set(packed)) == 1
-            cache = decoding.attention_cache(model, capacity=width + 6)
-            logits = [decoding.forward_logits(fused, input_ids, mask, positions, cache)]
-            step_mask, position = mask, positions[:, -1:]
-            tokens = logits[0][:, -1].argmax(-1, keepdim=True)
-            for _ in range(5):
-                step_mask = torch.cat([step_mask, step_mask.new_ones((rows, 1))], 1)
-                position = position + 1
-                logits.append(decoding.forward_logits(fused, tokens, step_mask, position, cache))
-                tokens = logits[-1][:, -1].argmax(-1, keepdim=True)
-            steps.append(logits)
+            steps.append(_prefill_and_steps(model, fused, input_ids, mask)[0])
     assert all(torch.equal(a, b) for a, b in zip(*steps))
     assert len({tuple(t[:, -1].argmax(-1).tolist()) for t in steps[0]}) > 1  # varied steps
 
