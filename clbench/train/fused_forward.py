@@ -44,7 +44,7 @@ FUSED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 #: A projection over at most this many rows (a decoding step's batch) multiplies by its weight
 #: packed once per generation call in oneDNN's blocked layout, where the weights are bf16 on a
-#: CPU with bf16 support: the same products bit for bit, 1.3-1.9x faster at 1-100 rows on the
+#: CPU with bf16 support: the same products bit for bit, 1.2-1.9x faster at 1-100 rows on the
 #: embedded model's shapes (a decoding step reads every weight once and is bound by how it
 #: streams them); longer inputs (prefills) keep the plain layout, where packing gained nothing
 #: (`benchmarks/generation.py --compare packed`). 0 turns packing off.
