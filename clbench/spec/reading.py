@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,6 +112,10 @@ def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict:
     mapping: dict = {}
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, Hashable):  # `[a]: 1`, `{a: 1}: 2`: not a name
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a name or a number, not a {type(key).__name__}",
+                key_node.start_mark)
         if key in mapping:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark)

@@ -168,6 +168,14 @@ def test_duplicate_yaml_key_is_refused(write_suite) -> None:
     assert "duplicate key 'name'" in error_of(path)
 
 
+@pytest.mark.parametrize("text", ["[]:\n", "name: tiny\n{a: 1}: 2\n", "? [a, b]\n: 1\n"])
+def test_a_list_or_mapping_as_a_key_is_refused_with_where_it_is(write_suite, text) -> None:
+    path = write_suite(text)
+    msg = error_of(path)
+    assert msg.startswith(f"{path}: not valid YAML: a key must be a name or a number, not a ")
+    assert f'in "{path}", line' in msg
+
+
 def test_top_level_must_be_a_mapping(write_suite) -> None:
     path = write_suite("- just\n- a list\n")
     assert error_of(path) == (f"{path}: expected a mapping of suite fields at the top level, "
