@@ -206,9 +206,8 @@ def compare_forward(suite: Any, model: Any, tokenizer: Any, args: argparse.Names
     from clbench.train import fused_forward
 
     fused, theirs = swapped(fused_forward, "FUSED_MODEL_TYPES", ())
-    _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
     return {"fused forward": fused, "transformers' forward": theirs}, \
-        jobs + rollout_jobs(suite, model, tokenizer, args)
+        eval_and_rollout_jobs(suite, model, tokenizer, args)
 
 
 def compare_keys(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
@@ -230,9 +229,16 @@ def compare_packed(suite: Any, model: Any, tokenizer: Any, args: argparse.Namesp
     from clbench.train import fused_forward
 
     packed, plain = swapped(fused_forward, "PACKED_ROWS", 0)
-    _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
     return {"packed weights": packed, "plain weights": plain}, \
-        jobs + rollout_jobs(suite, model, tokenizer, args)
+        eval_and_rollout_jobs(suite, model, tokenizer, args)
+
+
+def eval_and_rollout_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace
+                          ) -> list[tuple[str, Any]]:
+    """Greedy evaluation of each column under the suite's settings, then one step's rollouts
+    of each stage named in `--columns`: the jobs of a change to the decoding forward."""
+    _, jobs = settings_jobs(suite, model, tokenizer, args, {"suite": suite.model})
+    return jobs + rollout_jobs(suite, model, tokenizer, args)
 
 
 def rollout_jobs(suite: Any, model: Any, tokenizer: Any, args: argparse.Namespace

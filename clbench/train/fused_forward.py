@@ -33,6 +33,7 @@ forward that takes `input_ids`, `attention_mask`, `position_ids`, `cache` and
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -63,22 +64,26 @@ class _Projection:
     says so (:func:`_packed`), the packed form taken for inputs of at most that many rows."""
 
     def __init__(self, weight: Any, bias: Any = None) -> None:
+        import torch
+        import torch.nn.functional as F
+
         self.weight, self.bias = weight, bias
         self.packed = _packed(weight)
+        # the operators looked up once: a call runs for every projection of every step
+        self.plain = F.linear
+        self.packed_linear = None if self.packed is None else \
+            torch.ops.mkldnn._linear_pointwise
 
     @property
     def dtype(self) -> Any:
         return self.weight.dtype
 
     def __call__(self, x: Any) -> Any:
-        import torch
-        import torch.nn.functional as F
-
-        if self.packed is not None and x.numel() <= PACKED_ROWS * x.shape[-1]:
+        if self.packed_linear is not None and x.numel() <= PACKED_ROWS * x.shape[-1]:
             # autocast has no rule for this operator: the input is cast as autocast casts it
-            return torch.ops.mkldnn._linear_pointwise(x.to(self.weight.dtype), self.packed,
-                                                      self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+            return self.packed_linear(x.to(self.weight.dtype), self.packed, self.bias,
+                                      "none", [], "")
+        return self.plain(x, self.weight, self.bias)
 
 
 def _packed(weight: Any) -> Any:
@@ -87,17 +92,28 @@ def _packed(weight: Any) -> Any:
     without the operators."""
     import torch
 
-    if not PACKED_ROWS or weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
+    if not PACKED_ROWS or weight.device.type != "cpu" or weight.dtype != torch.bfloat16 \
+            or not _onednn_bf16():
         return None
-    ops = torch.ops.mkldnn
     try:
-        if not (torch.backends.mkldnn.is_available() and ops._is_mkldnn_bf16_supported()):
-            return None
         # the batch size oneDNN is told to expect: at 16 and 64 the products are F.linear's
         # bit for bit at 1-200 rows; at 1 they were not for 50 rows and more
-        return ops._reorder_linear_weight(weight, 64)
+        return torch.ops.mkldnn._reorder_linear_weight(weight, 64)
     except (AttributeError, RuntimeError):
         return None
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    """Whether this torch has oneDNN with bf16 support on this CPU (asked once per process,
+    not for each of a model's weights at every generation call)."""
+    import torch
+
+    try:
+        return bool(torch.backends.mkldnn.is_available()
+                    and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 @dataclass
